@@ -1,0 +1,41 @@
+"""aio-mclookup: coalescing asyncio prefix lookups against the Mooncake KV-cache store.
+
+Data flow: :class:`KVLayout` (the model) -> :meth:`KVLayout.plan` (one request's keys) ->
+:class:`LookupCoordinator` (many requests, shared RPCs) -> a :class:`Store` -> resolve (hit).
+"""
+
+from __future__ import annotations
+
+from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
+from ._layout import ChunkedLocalAttention, FullAttention, GroupSpec, KVLayout, Mamba, SlidingWindow
+from ._plan import HashInput, LookupPlan
+from ._store import FakeStore, Store
+
+__all__ = [
+    "ChunkedLocalAttention",
+    "ClosedError",
+    "Error",
+    "FakeStore",
+    "FullAttention",
+    "GroupSpec",
+    "HashInput",
+    "InvalidRequest",
+    "KVLayout",
+    "LookupPlan",
+    "LookupTimeout",
+    "Mamba",
+    "Overloaded",
+    "SlidingWindow",
+    "Store",
+    "StoreError",
+]
+
+__version__ = "0.1.0"
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("aio_mclookup._"):
+        try:
+            _obj.__module__ = "aio_mclookup"
+        except (AttributeError, TypeError):
+            pass

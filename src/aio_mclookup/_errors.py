@@ -1,0 +1,44 @@
+"""The exception hierarchy: everything aio_mclookup raises derives from :class:`Error`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClosedError",
+    "Error",
+    "InvalidRequest",
+    "LookupTimeout",
+    "Overloaded",
+    "StoreError",
+]
+
+
+class Error(Exception):
+    """Base class of every exception raised by aio_mclookup."""
+
+
+class InvalidRequest(Error, ValueError):
+    """A request or layout is malformed; raised in the caller before it can join a batch."""
+
+
+class LookupTimeout(Error, TimeoutError):
+    """A lookup did not finish within its timeout."""
+
+
+class StoreError(Error):
+    """The store failed to answer.
+
+    ``code`` is the Mooncake ``ErrorCode`` (for example -600 client not set up, -900 RPC failed /
+    master unreachable, -901 RPC timeout) or ``None`` when the failure was an exception.
+    """
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Overloaded(Error):
+    """Too much work is pending; the caller asked not to wait for room."""
+
+
+class ClosedError(Error):
+    """The coordinator or store is closed, or was closed while the call was pending."""

@@ -1,0 +1,234 @@
+"""Resolve: from per-chunk presence to the prefix hit length, with vLLM 0.26's rules.
+
+Each ``*_hit`` function is the vectorised equivalent of one vLLM single-type manager's
+``find_longest_cache_hit`` applied to a boolean presence array indexed by chunk;
+:func:`longest_hit` is the store coordinator's convergence loop over merged spec-groups.
+
+Presence may be partly unknown (the coordinator probes in rounds). Then ``present`` is the
+optimistic view (unknown counts as present) and ``known`` marks what was answered; each
+function also returns the unknown chunks its answer depends on. Every rule here is monotone in
+presence, so when no answer depends on an unknown chunk, the optimistic answer is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ._layout import (
+    ChunkedLocalAttention,
+    FullAttention,
+    KVLayout,
+    Mamba,
+    SlidingWindow,
+    SpecGroup,
+    window_blocks,
+)
+
+__all__ = ["HitSearch", "longest_hit"]
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _leading_true(present: BoolArray) -> int:
+    """How many chunks from 0 on are present."""
+    if present.size == 0:
+        return 0
+    first_miss = int(np.argmin(present))
+    return present.size if present[first_miss] else first_miss
+
+
+def _align_down(num_blocks: int, block_size: int, alignment: int) -> int:
+    """vLLM pops blocks until ``blocks * block_size`` is a multiple of ``alignment``."""
+    if block_size == alignment:
+        return num_blocks
+    while num_blocks > 0 and (num_blocks * block_size) % alignment:
+        num_blocks -= 1
+    return num_blocks
+
+
+def _unknown(known: BoolArray | None, start: int, stop: int) -> IntArray:
+    """Chunks in [start, stop) whose presence is not known yet."""
+    if known is None or stop <= start:
+        return _NONE
+    return np.flatnonzero(~known[start:stop]) + start
+
+
+def full_attention_hit(
+    present: BoolArray, known: BoolArray | None, block_size: int, max_length: int,
+    alignment: int, drop_eagle: bool,
+) -> tuple[int, IntArray]:
+    """First-miss prefix; EAGLE drops the last block; then align down."""
+    blocks = _leading_true(present[: max_length // block_size])
+    depends = _unknown(known, 0, blocks)
+    if drop_eagle and blocks:
+        blocks -= 1
+    return _align_down(blocks, block_size, alignment) * block_size, depends
+
+
+def sliding_window_hit(
+    present: BoolArray, known: BoolArray | None, spec: SlidingWindow, max_length: int,
+    alignment: int, drop_eagle: bool,
+) -> tuple[int, IntArray]:
+    """The rightmost run of ``need`` present blocks opened at an aligned right edge.
+
+    vLLM scans down from the last block; while no run is open, a present block only opens one
+    if its right edge (its left edge with EAGLE, i.e. after the EAGLE pop) is aligned. With no
+    full run, the run touching block 0 counts, aligned down.
+    """
+    block_size = spec.block_size
+    num_blocks = max_length // block_size
+    window = present[:num_blocks]
+    need = max(window_blocks(spec, drop_eagle), 1)  # vLLM tests `run >= need` after +1
+    openers = _openers(num_blocks, block_size, alignment, drop_eagle)
+    blocks = -1
+    depends = _NONE
+    if window.size and openers.size:
+        counts = np.concatenate(([0], np.cumsum(window, dtype=np.int64)))
+        candidates = openers[openers >= need - 1]
+        full = (counts[candidates + 1] - counts[candidates + 1 - need]) == need
+        if full.any():
+            opener = int(candidates[int(np.argmax(full))])
+            blocks = opener + 1
+            depends = _unknown(known, opener + 1 - need, opener + 1)
+    if blocks < 0:  # no full run: the run the scan was counting when it reached block 0
+        leading = _leading_true(window)
+        depends = _unknown(known, 0, leading)
+        below = openers[openers < leading]
+        blocks = _align_down(int(below[0]) + 1 if below.size else 0, block_size, alignment)
+    if drop_eagle and blocks:
+        blocks = _align_down(blocks - 1, block_size, alignment)
+    return blocks * block_size, depends
+
+
+def _openers(num_blocks: int, block_size: int, alignment: int, drop_eagle: bool) -> IntArray:
+    """Blocks that may open a run, highest first."""
+    if block_size == alignment:
+        return np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
+    idx = np.arange(num_blocks, dtype=np.int64)
+    edges = idx if drop_eagle else idx + 1
+    openers: IntArray = idx[(edges * block_size) % alignment == 0][::-1]
+    return openers
+
+
+def chunked_local_hit(
+    present: BoolArray, known: BoolArray | None, spec: ChunkedLocalAttention, max_length: int,
+) -> tuple[int, IntArray]:
+    """Blocks before the current attention chunk count unchecked; from the chunk's first
+    block on, present blocks count until the first miss (vLLM asserts no EAGLE and
+    block_size == alignment, which :func:`build_plan` checks up front)."""
+    block_size = spec.block_size
+    num_blocks = max_length // block_size
+    start_block = (max_length // spec.attention_chunk_size * spec.attention_chunk_size) // block_size
+    run = _leading_true(present[start_block:num_blocks])
+    return (start_block + run) * block_size, _unknown(known, start_block, start_block + run)
+
+
+def mamba_hit(
+    present: BoolArray, known: BoolArray | None, block_size: int, max_length: int, alignment: int
+) -> tuple[int, IntArray]:
+    """The rightmost present block whose end is aligned (vLLM 0.26 ignores EAGLE here)."""
+    idx = np.flatnonzero(present[: max_length // block_size])
+    if idx.size and block_size != alignment:
+        idx = idx[((idx + 1) * block_size) % alignment == 0]
+    if not idx.size:
+        return 0, _NONE
+    last = int(idx[-1])
+    return (last + 1) * block_size, _unknown(known, last, last + 1)
+
+
+def spec_group_hit(
+    sg: SpecGroup, present: BoolArray, known: BoolArray | None, max_length: int,
+    alignment: int, drop_eagle: bool,
+) -> tuple[int, IntArray]:
+    """One merged spec-group's hit for ``max_length`` tokens, and the unknowns it rests on."""
+    spec = sg.spec
+    if isinstance(spec, FullAttention):
+        return full_attention_hit(
+            present, known, spec.block_size, max_length, alignment, drop_eagle
+        )
+    if isinstance(spec, SlidingWindow):
+        return sliding_window_hit(present, known, spec, max_length, alignment, drop_eagle)
+    if isinstance(spec, ChunkedLocalAttention):
+        return chunked_local_hit(present, known, spec, max_length)
+    assert isinstance(spec, Mamba)
+    return mamba_hit(present, known, spec.block_size, max_length, alignment)
+
+
+@dataclass
+class HitSearch:
+    """The outcome of :func:`longest_hit`: the hit, and per spec-group the unknown chunks it
+    depends on (all empty when presence was fully known: the hit is then exact)."""
+
+    hit: int
+    depends: list[IntArray]
+
+    @property
+    def exact(self) -> bool:
+        return not any(d.size for d in self.depends)
+
+
+def longest_hit(
+    layout: KVLayout,
+    token_len: int,
+    presence: Sequence[BoolArray],
+    known: Sequence[BoolArray] | None = None,
+) -> HitSearch:
+    """vLLM's hit for ``token_len`` tokens given one presence array per spec-group.
+
+    One spec-group: its manager, aligned to its own block size. Several: full attention first,
+    evaluated once; each EAGLE spec-group drops one block, looking one block past the running
+    length, until a non-dropping group lowers the length (then every group owes its drop
+    again); passes repeat until the length stops falling, or once for a full+other hybrid.
+    """
+    spec_groups = layout.spec_groups
+    count = len(spec_groups)
+    depends: list[IntArray] = [_NONE] * count
+
+    def note(i: int, found: IntArray) -> None:
+        if found.size:
+            depends[i] = np.union1d(depends[i], found)
+
+    def known_of(i: int) -> BoolArray | None:
+        return None if known is None else known[i]
+
+    if count == 1:
+        sg = spec_groups[0]
+        hit, found = spec_group_hit(
+            sg, presence[0], known_of(0), token_len, sg.spec.block_size, sg.drop_eagle
+        )
+        note(0, found)
+        return HitSearch(hit, depends)
+    alignment = layout.scheduler_block_size
+    hit = token_len
+    full_hits: dict[int, int] = {}
+    verified: set[int] = set()
+    simple_hybrid = count == 2 and isinstance(spec_groups[0].spec, FullAttention)
+    while True:
+        cur = hit
+        for i, sg in enumerate(spec_groups):
+            if i in full_hits:
+                cur = min(cur, full_hits[i])
+                continue
+            drop = sg.drop_eagle and i not in verified
+            max_length = min(cur + sg.spec.block_size, token_len) if drop else cur
+            new, found = spec_group_hit(sg, presence[i], known_of(i), max_length, alignment, drop)
+            note(i, found)
+            if drop:
+                verified.add(i)
+            elif new < cur:
+                verified.clear()
+            cur = new
+            if isinstance(sg.spec, FullAttention):
+                full_hits[i] = cur
+        if cur >= hit:
+            break
+        hit = cur
+        if simple_hybrid:
+            break
+    return HitSearch(hit, depends)

@@ -1,0 +1,491 @@
+"""Plan: one request's candidate keys (vLLM's order) and how to resolve the store's answers.
+
+Planning never touches a hash it does not need: sliding-window masks pick chunk indices first,
+then only those hashes are gathered, hex-encoded in one C call and glued to precomputed key
+prefixes with numpy.
+"""
+
+from __future__ import annotations
+
+import binascii
+import numbers
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import InvalidRequest
+from ._hits import longest_hit
+from ._layout import ChunkedLocalAttention, SlidingWindow, window_blocks
+
+if TYPE_CHECKING:
+    from ._layout import KVLayout
+
+__all__ = ["HashInput", "LookupPlan", "build_plan"]
+
+HashInput = Union[Sequence[bytes], npt.NDArray[np.uint8]]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class GroupProbe:
+    """What a plan probes in one KV-cache group.
+
+    ``chunks`` are the probed chunk indices (ascending); key ``key_offset + j * k + n`` (``k``
+    namespaces) is chunk ``chunks[j]`` in namespace ``n``. ``limit`` is how many chunks exist
+    for this request. ``hex_rows`` holds the probed chunks' hashes in hex (``hex_items`` when
+    the hashes have mixed widths). Chunks not probed count as absent unless ``unprobed_ids``
+    maps them to a probed chunk with the same hash; ``hash_ids`` links probed chunks that share
+    a hash (vLLM records presence per hash).
+    """
+
+    group_id: int
+    chunks: IntArray
+    limit: int
+    key_offset: int
+    hex_rows: npt.NDArray[np.uint8] | None
+    hex_items: list[bytes]
+    hash_ids: IntArray | None
+    unprobed_ids: IntArray | None
+
+    @property
+    def dense(self) -> bool:
+        """Every chunk < limit is probed (chunk index == probe index)."""
+        return self.chunks.size == self.limit
+
+    @property
+    def shares_hashes(self) -> bool:
+        return self.hash_ids is not None or self.unprobed_ids is not None
+
+
+class LookupPlan:
+    """The keys one lookup probes, and :meth:`resolve` to turn the answers into a hit length.
+
+    ``keys`` are ASCII ``bytes`` (Mooncake's ``batch_is_exist`` takes them as they are),
+    byte-identical to vLLM 0.26's candidate keys and in its order: group-major, then chunk,
+    then rank namespace. They are assembled on first access.
+    """
+
+    __slots__ = ("_groups", "_keys", "layout", "num_keys", "token_len")
+
+    def __init__(self, layout: KVLayout, token_len: int, groups: tuple[GroupProbe, ...]) -> None:
+        self.layout = layout
+        self.token_len = token_len
+        self._groups = groups
+        k = len(layout.namespaces)
+        self.num_keys = sum(g.chunks.size for g in groups) * k
+        self._keys: list[bytes] | None = None
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The candidate keys (a shared list: do not mutate)."""
+        if self._keys is None:
+            keys: list[bytes] = []
+            for probe in self._groups:
+                keys.extend(self._assemble(probe, None))
+            self._keys = keys
+        return self._keys
+
+    @property
+    def groups(self) -> tuple[GroupProbe, ...]:
+        """Per-group probe details."""
+        return self._groups
+
+    def __len__(self) -> int:
+        return self.num_keys
+
+    def __repr__(self) -> str:
+        return f"<LookupPlan token_len={self.token_len} keys={self.num_keys}>"
+
+    def keys_at(self, indices: IntArray) -> list[bytes]:
+        """The keys at ascending key indices (without assembling the others)."""
+        if self._keys is not None:
+            return [self._keys[i] for i in indices.tolist()]
+        k = len(self.layout.namespaces)
+        out: list[bytes] = []
+        for probe in self._groups:
+            lo = int(np.searchsorted(indices, probe.key_offset))
+            hi = int(np.searchsorted(indices, probe.key_offset + probe.chunks.size * k))
+            if hi > lo:
+                out.extend(self._assemble(probe, indices[lo:hi] - probe.key_offset))
+        return out
+
+    def _assemble(self, probe: GroupProbe, local: IntArray | None) -> list[bytes]:
+        """``prefix@hex`` for a group's keys (all, or the group-local key indices given)."""
+        prefixes = self.layout.prefix_bytes[probe.group_id]
+        k = len(prefixes)
+        if probe.hex_rows is None:
+            if local is None:
+                return [p + h for h in probe.hex_items for p in prefixes]
+            return [prefixes[i % k] + probe.hex_items[i // k] for i in local.tolist()]
+        prefix_rows = self.layout.prefix_rows[probe.group_id]
+        hex_rows = probe.hex_rows
+        if prefix_rows is None or (local is not None and local.size < 64):
+            return _concat_keys(prefixes, hex_rows, local)
+        n, hex_width = hex_rows.shape
+        plen = prefix_rows.shape[1]
+        width = plen + hex_width
+        if local is None:
+            buf = np.empty((n, k, width), dtype=np.uint8)
+            buf[:, :, :plen] = prefix_rows
+            buf[:, :, plen:] = hex_rows[:, None, :]
+            flat = buf.reshape(n * k, width)
+        else:
+            flat = np.empty((local.size, width), dtype=np.uint8)
+            flat[:, :plen] = prefix_rows[local % k]
+            flat[:, plen:] = hex_rows[local // k]
+        keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
+        return keys
+
+    def present_keys(self, exists: Sequence[int] | npt.NDArray[Any]) -> BoolArray:
+        """vLLM's rule per key: only the value ``1`` means present."""
+        answers = np.asarray(exists)
+        if answers.shape != (self.num_keys,):
+            raise InvalidRequest(
+                f"exists must have one answer per key ({self.num_keys}), got shape "
+                f"{answers.shape}"
+            )
+        if answers.dtype == object:
+            return np.fromiter((a == 1 for a in answers.tolist()), bool, self.num_keys)
+        present: BoolArray = np.asarray(answers == 1, dtype=bool)
+        return present
+
+    def resolve(self, exists: Sequence[int] | npt.NDArray[Any]) -> int:
+        """The prefix hit in tokens from the store's per-key answers (``plan.keys`` order).
+
+        Only ``1`` means present; ``0``, ``-1``, ``-900`` or anything else means absent.
+        """
+        if not self.num_keys:
+            return 0
+        return self.resolve_present(self.present_keys(exists))
+
+    def resolve_present(self, present_keys: BoolArray) -> int:
+        """:meth:`resolve` from one boolean per key."""
+        if not self.num_keys:
+            return 0
+        k = len(self.layout.namespaces)
+        per_group: list[BoolArray] = []
+        for probe in self._groups:
+            n = probe.chunks.size
+            answers = present_keys[probe.key_offset : probe.key_offset + n * k]
+            probed: BoolArray = answers.reshape(n, k).all(axis=1) if k > 1 else answers  # type: ignore[assignment]
+            per_group.append(_chunk_presence(probe, probed))
+        return longest_hit(self.layout, self.token_len, self._merge(per_group)).hit
+
+    def _merge(self, per_group: list[BoolArray]) -> list[BoolArray]:
+        """Per spec-group presence: a chunk must be present in every member group."""
+        presence: list[BoolArray] = []
+        for sg in self.layout.spec_groups:
+            arr = per_group[sg.group_ids[0]]
+            for gid in sg.group_ids[1:]:
+                arr = arr & per_group[gid]
+            presence.append(arr)
+        return presence
+
+    def probing(self) -> ProbeState:
+        """Start probing this plan in rounds (see :class:`ProbeState`)."""
+        return ProbeState(self)
+
+
+class ProbeState:
+    """Probe a plan in rounds, sending only keys that can change the answer.
+
+    :meth:`next_keys` runs vLLM's hit search on what is known so far, counting unknown chunks
+    as present; the unknown chunks that answer rests on are probed next. Every hit rule is
+    monotone, so once no answer rests on an unknown chunk the hit is exactly the one vLLM
+    computes from all keys. Plans whose chunks share hashes are probed in one round.
+    """
+
+    __slots__ = ("_answered", "_present", "plan", "hit", "rounds")
+
+    def __init__(self, plan: LookupPlan) -> None:
+        self.plan = plan
+        self._answered = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
+        self._present = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
+        self.hit: int | None = None
+        self.rounds = 0
+
+    def next_keys(self) -> IntArray:
+        """Key indices to probe next (ascending); empty once :attr:`hit` is set."""
+        plan = self.plan
+        if self.hit is not None:
+            return _EMPTY
+        if not plan.num_keys:  # vLLM answers 0 without an RPC
+            self.hit = 0
+            return _EMPTY
+        self.rounds += 1
+        if self.rounds == 1 and any(p.shares_hashes for p in plan.groups):
+            return np.arange(plan.num_keys, dtype=np.int64)
+        maybe: list[BoolArray] = []
+        known: list[BoolArray] = []
+        for probe, answered, present in zip(plan.groups, self._answered, self._present):
+            optimistic = present | ~answered
+            if probe.dense:
+                maybe.append(optimistic)
+                known.append(answered)
+            else:
+                m = np.zeros(probe.limit, dtype=bool)
+                m[probe.chunks] = optimistic
+                kn = np.ones(probe.limit, dtype=bool)
+                kn[probe.chunks] = answered
+                maybe.append(m)
+                known.append(kn)
+        search = longest_hit(plan.layout, plan.token_len, plan._merge(maybe), plan._merge(known))
+        if search.exact:
+            self.hit = search.hit
+            return _EMPTY
+        k = len(plan.layout.namespaces)
+        wanted: list[IntArray] = []
+        for sg, chunks in zip(plan.layout.spec_groups, search.depends):
+            if not chunks.size:
+                continue
+            for gid in sg.group_ids:
+                probe = plan.groups[gid]
+                pos = chunks if probe.dense else np.searchsorted(probe.chunks, chunks)
+                keys = probe.key_offset + (pos[:, None] * k + np.arange(k)[None, :]).ravel()
+                wanted.append(keys)
+        return np.unique(np.concatenate(wanted))
+
+    def record(self, key_indices: IntArray, present: BoolArray) -> None:
+        """Record answers (True = present) for key indices from :meth:`next_keys`."""
+        if self.hit is not None or self.rounds == 1 and key_indices.size == self.plan.num_keys:
+            if self.hit is None:
+                self.hit = self.plan.resolve_present(present)
+            return
+        k = len(self.plan.layout.namespaces)
+        for probe, answered, chunk_present in zip(self.plan.groups, self._answered, self._present):
+            lo = int(np.searchsorted(key_indices, probe.key_offset))
+            hi = int(np.searchsorted(key_indices, probe.key_offset + probe.chunks.size * k))
+            if hi <= lo:
+                continue
+            local = key_indices[lo:hi] - probe.key_offset
+            pos = local[::k] // k
+            got = present[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else present[lo:hi]
+            answered[pos] = True
+            chunk_present[pos] = got
+
+
+def _concat_keys(
+    prefixes: tuple[bytes, ...], hex_rows: npt.NDArray[np.uint8], local: IntArray | None
+) -> list[bytes]:
+    """Keys by plain bytes concatenation (few keys, or prefixes of different widths)."""
+    k = len(prefixes)
+    if local is None:
+        local = np.arange(hex_rows.shape[0] * k, dtype=np.int64)
+    rows = hex_rows[local // k]
+    return [prefixes[i % k] + row.tobytes() for i, row in zip(local.tolist(), rows)]
+
+
+def _chunk_presence(probe: GroupProbe, probed: BoolArray) -> BoolArray:
+    """Presence of every chunk < limit: vLLM records presence per (group, hash bytes)."""
+    if probe.hash_ids is not None:
+        by_id = np.zeros(int(probe.hash_ids.max()) + 1, dtype=bool)
+        np.logical_or.at(by_id, probe.hash_ids, probed)
+        probed = by_id[probe.hash_ids]
+    if probe.unprobed_ids is not None:
+        present_ids = np.zeros(probe.chunks.size + 1, dtype=bool)
+        present_ids[: probe.chunks.size] = probed
+        out = present_ids[probe.unprobed_ids]  # -1 picks the trailing False
+        out[probe.chunks] = probed
+        return out
+    if probe.dense:
+        return probed
+    out = np.zeros(probe.limit, dtype=bool)
+    out[probe.chunks] = probed
+    return out
+
+
+# --------------------------------------------------------------------------------- planning
+def _check_token_len(token_len: object) -> int:
+    if isinstance(token_len, bool) or not isinstance(token_len, numbers.Integral):
+        raise InvalidRequest(f"token_len must be an int, got {token_len!r}")
+    return int(token_len)
+
+
+class _Hashes:
+    """Uniform access to the request's hashes: a 2-D uint8 array or a sequence of bytes."""
+
+    def __init__(self, block_hashes: object) -> None:
+        self.array: npt.NDArray[np.uint8] | None = None
+        self.items: Sequence[Any] | None = None
+        if isinstance(block_hashes, np.ndarray):
+            if block_hashes.ndim != 2 or block_hashes.dtype != np.uint8:
+                raise InvalidRequest(
+                    "block_hashes as an array must be 2-D uint8 (one row per hash), got "
+                    f"shape {block_hashes.shape} dtype {block_hashes.dtype}"
+                )
+            self.array = block_hashes if block_hashes.shape[1] else block_hashes[:0]
+            self.count = int(self.array.shape[0])
+        elif isinstance(block_hashes, (bytes, bytearray, memoryview, str)) or not isinstance(
+            block_hashes, Sequence
+        ):
+            raise InvalidRequest(
+                "block_hashes must be a sequence of bytes or a 2-D uint8 array, got "
+                f"{type(block_hashes).__name__}"
+            )
+        else:
+            self.items = block_hashes
+            self.count = len(block_hashes)
+
+    def gather(self, units: IntArray) -> tuple[npt.NDArray[np.uint8] | None, list[bytes]]:
+        """The hashes at ``units``: a (n, width) array when they share one width, else bytes."""
+        if self.array is not None:
+            return self.array[units], []
+        assert self.items is not None
+        if units.size == 0:
+            return np.zeros((0, 0), dtype=np.uint8), []
+        picked = operator.itemgetter(*units.tolist())(self.items)
+        items: tuple[Any, ...] = picked if units.size > 1 else (picked,)
+        try:
+            joined = b"".join(items)
+        except TypeError:
+            for pos, item in zip(units.tolist(), items):
+                if not isinstance(item, (bytes, bytearray, memoryview)):
+                    raise InvalidRequest(
+                        f"block_hashes[{pos}] must be bytes, got {type(item).__name__}"
+                    ) from None
+            raise
+        widths = set(map(len, items))
+        if len(widths) == 1 and len(joined) == units.size * (width := widths.pop()):
+            return np.frombuffer(joined, dtype=np.uint8).reshape(units.size, width), []
+        return None, [bytes(item) for item in items]
+
+
+def _probe_chunks(layout: KVLayout, gid: int, limit: int, token_len: int) -> IntArray:
+    """Chunk indices a group probes: all of them, or a sliding window's masked-in tails."""
+    spec = layout.groups[gid]
+    if not isinstance(spec, SlidingWindow):
+        return np.arange(limit, dtype=np.int64)
+    eagle = layout.use_eagle
+    need = window_blocks(spec, eagle)
+    per_segment = layout.scheduler_block_size // spec.block_size
+    if need >= per_segment:
+        return np.arange(limit, dtype=np.int64)
+    shift = 1 if eagle else 0
+    # mask[i] = i >= shift and (i - shift) % per_segment >= per_segment - need
+    limit = min(limit, token_len // spec.block_size)
+    offsets = np.arange(per_segment - need, per_segment, dtype=np.int64) + shift
+    segments = np.arange(0, limit + per_segment, per_segment, dtype=np.int64)
+    chunks = (segments[:, None] + offsets[None, :]).ravel()
+    return chunks[chunks < limit]
+
+
+def _hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """Lower-case hex of each row, as a (n, 2 * width) uint8 array of ASCII."""
+    n, width = rows.shape
+    text = binascii.hexlify(np.ascontiguousarray(rows).tobytes())
+    return np.frombuffer(text, dtype=np.uint8).reshape(n, 2 * width)
+
+
+def _duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> IntArray | None:
+    """Ids that are equal exactly where hashes are equal, or None when all differ."""
+    if rows is not None:
+        n, width = rows.shape
+        if n < 2:
+            return None
+        if width <= 8:
+            padded = np.zeros((n, 8), dtype=np.uint8)
+            padded[:, :width] = rows
+            fingerprint = padded.view(np.uint64).ravel()
+        else:
+            fingerprint = np.ascontiguousarray(rows[:, :8]).view(np.uint64).ravel()
+        ordered = np.sort(fingerprint)
+        if not (ordered[1:] == ordered[:-1]).any():
+            return None
+        items = [bytes(r) for r in rows]
+    if len(set(items)) == len(items):
+        return None
+    first: dict[bytes, int] = {}
+    return np.array([first.setdefault(h, i) for i, h in enumerate(items)], dtype=np.int64)
+
+
+def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> LookupPlan:
+    """Validate one request and build its :class:`LookupPlan` (see :meth:`KVLayout.plan`)."""
+    tokens = _check_token_len(token_len)
+    hashes = _Hashes(block_hashes)
+    if tokens <= 0 or hashes.count == 0:
+        return LookupPlan(layout, tokens, ())
+    sched = layout.scheduler_block_size
+    if tokens % sched:
+        raise InvalidRequest(
+            f"token_len={tokens} must be a multiple of scheduler_block_size={sched} "
+            "(use layout.align(num_tokens))"
+        )
+    h = layout.hash_block_size
+    if not layout.has_full_attention and hashes.count < tokens // h:
+        raise InvalidRequest(
+            f"block_hashes has {hashes.count} hashes but token_len={tokens} needs "
+            f"{tokens // h} (hash_block_size={h}) for a layout without full attention"
+        )
+    probes: list[GroupProbe] = []
+    offset = 0
+    single_spec = len(layout.spec_groups) == 1
+    for gid, spec in enumerate(layout.groups):
+        stride = spec.block_size // h
+        limit = min(hashes.count // stride, tokens // spec.block_size)
+        chunks = _probe_chunks(layout, gid, limit, tokens)
+        rows, items = hashes.gather(chunks * stride + (stride - 1))
+        unprobed_ids = None
+        if single_spec and 0 < chunks.size < limit:
+            # A lone spec-group aligns hits to its own block size, so an unprobed chunk whose
+            # hash equals a probed one can count (vLLM records presence per hash).
+            unprobed_ids = _unprobed_ids(hashes, stride, limit, rows, items)
+        probes.append(
+            GroupProbe(
+                group_id=gid,
+                chunks=chunks,
+                limit=limit,
+                key_offset=offset,
+                hex_rows=_hex_rows(rows) if rows is not None else None,
+                hex_items=[it.hex().encode() for it in items],
+                hash_ids=_duplicate_ids(rows, items),
+                unprobed_ids=unprobed_ids,
+            )
+        )
+        offset += chunks.size * len(layout.namespaces)
+    if offset:
+        _check_supported(layout)
+    return LookupPlan(layout, tokens, tuple(probes))
+
+
+def _check_supported(layout: KVLayout) -> None:
+    """vLLM 0.26 asserts on these when a lookup reaches the chunked-local manager."""
+    for i, spec in enumerate(layout.groups):
+        if not isinstance(spec, ChunkedLocalAttention):
+            continue
+        if layout.use_eagle:
+            raise InvalidRequest(
+                f"groups[{i}] is chunked_local and use_eagle is set: vLLM 0.26 asserts "
+                "chunked local attention has no EAGLE"
+            )
+        if len(layout.spec_groups) > 1 and spec.block_size != layout.scheduler_block_size:
+            raise InvalidRequest(
+                f"groups[{i}] is chunked_local with block_size={spec.block_size} in a hybrid "
+                f"layout: vLLM 0.26 asserts it equals scheduler_block_size="
+                f"{layout.scheduler_block_size}"
+            )
+
+
+def _unprobed_ids(
+    hashes: _Hashes,
+    stride: int,
+    limit: int,
+    rows: npt.NDArray[np.uint8] | None,
+    items: list[bytes],
+) -> IntArray | None:
+    """For every chunk < limit: the index of a probed chunk with the same hash, else -1."""
+    probed = [bytes(r) for r in rows] if rows is not None else items
+    index: dict[bytes, int] = {}
+    for j, hsh in enumerate(probed):
+        index.setdefault(hsh, j)
+    all_units = np.arange(limit, dtype=np.int64) * stride + (stride - 1)
+    every_rows, every_items = hashes.gather(all_units)
+    every = [bytes(r) for r in every_rows] if every_rows is not None else every_items
+    ids = np.array([index.get(hsh, -1) for hsh in every], dtype=np.int64)
+    return ids

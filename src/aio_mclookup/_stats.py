@@ -1,0 +1,106 @@
+"""Counters and histograms the coordinator keeps about itself (cheap, lock-free: loop thread).
+
+:meth:`LookupCoordinator.stats` returns a :class:`CoordinatorStats` snapshot; the Prometheus
+exposition and the load generator read the same numbers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+from dataclasses import dataclass, field
+
+__all__ = ["CoordinatorStats", "Histogram"]
+
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+)
+KEY_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1000, 2000, 5000, 10000, 50000)
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass
+class Histogram:
+    """A fixed-bucket histogram. ``counts[i]`` counts observations ``<= buckets[i]`` and above
+    the previous bound (not cumulative); the last entry counts those above every bound."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        """Counts of observations ``<= buckets[i]`` (Prometheus ``le`` order), then the total."""
+        out, running = [], 0
+        for c in self.counts:
+            running += c
+            out.append(running)
+        return out
+
+    def quantile(self, q: float) -> float:
+        """An upper-bound estimate of the q-quantile (the bucket bound it falls in)."""
+        if not self.count:
+            return 0.0
+        target = q * self.count
+        for bound, cum in zip((*self.buckets, float("inf")), self.cumulative()):
+            if cum >= target:
+                return bound
+        return float("inf")
+
+
+@dataclass
+class CoordinatorStats:
+    """What a coordinator has done since it was created (a snapshot; safe to keep)."""
+
+    lookups_total: int = 0
+    """Lookups that finished (with a result or an error)."""
+    lookups_failed_total: int = 0
+    """Lookups that ended in an error (store error, timeout, overload, close)."""
+    lookups_cancelled_total: int = 0
+    rpcs_total: int = 0
+    """``batch_is_exist`` calls sent to the store."""
+    rpc_errors_total: int = 0
+    keys_planned_total: int = 0
+    """Keys vLLM's loop would have sent for the same lookups."""
+    keys_sent_total: int = 0
+    """Keys actually sent to the store (after dedup, cache and probing in rounds)."""
+    cache_hits_total: int = 0
+    """Keys answered from the short-lived positive-answer cache."""
+    dedup_hits_total: int = 0
+    """Keys shared with another lookup's pending or in-flight probe."""
+    rounds_total: int = 0
+    """Probe rounds over all lookups (one per lookup when nothing can be skipped)."""
+    dispatches_total: int = 0
+    errors_by_code: dict[str, int] = field(default_factory=dict)
+    """Failures by Mooncake error code (``"-900"``...), ``"exception"``, ``"timeout"``,
+    ``"overloaded"`` or ``"closed"``."""
+    hit_tokens_total: int = 0
+    requested_tokens_total: int = 0
+    pending_lookups: int = 0
+    pending_keys: int = 0
+    rpcs_in_flight: int = 0
+    store_healthy: bool = True
+    """False while the coordinator is failing fast after store errors (it probes again later)."""
+    last_rpc_ok_age: float | None = None
+    """Seconds since the last successful RPC (None before the first)."""
+    last_error: str | None = None
+    lookup_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    rpc_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    keys_per_rpc: Histogram = field(default_factory=lambda: Histogram(KEY_BUCKETS))
+    lookups_per_dispatch: Histogram = field(default_factory=lambda: Histogram(COUNT_BUCKETS))
+
+    def count_error(self, code: str) -> None:
+        self.errors_by_code[code] = self.errors_by_code.get(code, 0) + 1
+
+    def snapshot(self) -> CoordinatorStats:
+        return copy.deepcopy(self)

@@ -1,0 +1,54 @@
+"""The store interface the coordinator talks to, and an in-process fake store for unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from ._errors import StoreError
+
+__all__ = ["FakeStore", "Store"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Anything that answers a batch of keys with one int per key, as Mooncake's
+    ``batch_is_exist`` does: ``1`` present, ``0`` absent, a negative Mooncake error code on
+    failure. A failure of the whole call is raised as :class:`~aio_mclookup.StoreError`."""
+
+    async def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        """Answer each key, in order."""
+        ...
+
+
+class FakeStore:
+    """In-process FAKE store for unit tests and examples: a set of present keys, no Mooncake.
+
+    It records every call (``calls``) so tests can check batching. ``delay`` adds latency per call;
+    ``fail_with`` makes the next calls fail: an int answers every key with that code (as a failed
+    Mooncake RPC does), an exception is raised.
+    """
+
+    def __init__(self, present: Iterable[str] = (), *, delay: float = 0.0) -> None:
+        self.present: set[str] = set(present)
+        self.delay = delay
+        self.calls: list[list[str]] = []
+        self.fail_with: int | BaseException | None = None
+        self.answers: dict[str, int] = {}
+
+    def add(self, keys: Iterable[str]) -> None:
+        """Mark keys present."""
+        self.present.update(keys)
+
+    async def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        batch = list(keys)
+        self.calls.append(batch)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        failure = self.fail_with
+        if isinstance(failure, BaseException):
+            raise failure
+        if failure is not None:
+            raise StoreError(f"fake store RPC failed with code {failure}", code=failure)
+        return [self.answers.get(k, 1 if k in self.present else 0) for k in batch]
