@@ -6,21 +6,26 @@ Data flow: :class:`KVLayout` (the model) -> :meth:`KVLayout.plan` (one request's
 
 from __future__ import annotations
 
+from ._coordinator import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
 from ._layout import ChunkedLocalAttention, FullAttention, GroupSpec, KVLayout, Mamba, SlidingWindow
 from ._plan import HashInput, LookupPlan
+from ._stats import CoordinatorStats, Histogram
 from ._store import FakeStore, Store
 
 __all__ = [
     "ChunkedLocalAttention",
     "ClosedError",
+    "CoordinatorStats",
     "Error",
     "FakeStore",
     "FullAttention",
     "GroupSpec",
     "HashInput",
+    "Histogram",
     "InvalidRequest",
     "KVLayout",
+    "LookupCoordinator",
     "LookupPlan",
     "LookupTimeout",
     "Mamba",

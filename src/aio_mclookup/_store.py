@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Union, runtime_checkable
 
 from ._errors import StoreError
 
-__all__ = ["FakeStore", "Store"]
+__all__ = ["FakeStore", "Key", "Store"]
+
+Key = Union[bytes, str]
+"""A store key: ASCII bytes (what plans produce) or str; Mooncake takes both."""
+
+
+def _as_bytes(key: Key) -> bytes:
+    return key.encode() if isinstance(key, str) else bytes(key)
 
 
 @runtime_checkable
@@ -17,7 +24,7 @@ class Store(Protocol):
     ``batch_is_exist`` does: ``1`` present, ``0`` absent, a negative Mooncake error code on
     failure. A failure of the whole call is raised as :class:`~aio_mclookup.StoreError`."""
 
-    async def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+    async def batch_is_exist(self, keys: Sequence[Key]) -> list[int]:
         """Answer each key, in order."""
         ...
 
@@ -30,19 +37,23 @@ class FakeStore:
     Mooncake RPC does), an exception is raised.
     """
 
-    def __init__(self, present: Iterable[str] = (), *, delay: float = 0.0) -> None:
-        self.present: set[str] = set(present)
+    def __init__(self, present: Iterable[Key] = (), *, delay: float = 0.0) -> None:
+        self.present: set[bytes] = {_as_bytes(k) for k in present}
         self.delay = delay
-        self.calls: list[list[str]] = []
+        self.calls: list[list[bytes]] = []
         self.fail_with: int | BaseException | None = None
-        self.answers: dict[str, int] = {}
+        self.answers: dict[bytes, int] = {}
 
-    def add(self, keys: Iterable[str]) -> None:
+    def add(self, keys: Iterable[Key]) -> None:
         """Mark keys present."""
-        self.present.update(keys)
+        self.present.update(_as_bytes(k) for k in keys)
 
-    async def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
-        batch = list(keys)
+    def discard(self, keys: Iterable[Key]) -> None:
+        """Mark keys absent."""
+        self.present.difference_update(_as_bytes(k) for k in keys)
+
+    async def batch_is_exist(self, keys: Sequence[Key]) -> list[int]:
+        batch = [_as_bytes(k) for k in keys]
         self.calls.append(batch)
         if self.delay:
             await asyncio.sleep(self.delay)

@@ -1,0 +1,544 @@
+"""Coordinate: many concurrent lookups share deduplicated ``batch_is_exist`` RPCs.
+
+Data flow of one ``await coordinator.lookup(...)``:
+
+1. plan (in the caller: bad input fails here, before it can touch a shared batch);
+2. admission (bounded pending work: wait, or :class:`Overloaded`);
+3. probe rounds: :class:`ProbeState` names the keys whose answers can still change the hit;
+   each key is answered from the positive-answer cache, joins a key already queued or in
+   flight, or is queued;
+4. the dispatcher sends queued keys at once while RPC slots are free (no linger by default);
+   keys arriving while every slot is busy go out together in the next dispatch, split into
+   RPCs of at most ``max_keys_per_rpc`` keys;
+5. answers fan back out; a lookup whose round is complete starts its next round or resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import (
+    ClosedError,
+    Error,
+    InvalidRequest,
+    LookupTimeout,
+    Overloaded,
+    StoreError,
+)
+from ._layout import KVLayout
+from ._plan import HashInput, IntArray, LookupPlan, ProbeState
+from ._stats import CoordinatorStats
+from ._store import Store
+
+__all__ = ["LookupCoordinator"]
+
+_UNSET: float = float("nan")
+
+
+@dataclass(eq=False)
+class _Lookup:
+    """One lookup in progress: its plan, probing state and the round being answered."""
+
+    plan: LookupPlan
+    state: ProbeState
+    future: asyncio.Future[int]
+    round_keys: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    round_present: npt.NDArray[np.bool_] = field(
+        default_factory=lambda: np.zeros(0, dtype=bool)
+    )
+    waiting: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+
+_Subscriber = tuple[_Lookup, int]  # (lookup, position in its round)
+
+
+class LookupCoordinator:
+    """Answer many concurrent prefix lookups with shared, deduplicated store RPCs.
+
+    ``await coordinator.lookup(token_len, block_hashes)`` returns exactly what
+    ``layout.plan(token_len, block_hashes).resolve(answers)`` gives on the store's answers
+    (vLLM 0.26's hit). The coordinator uses the store but does not open or close it.
+
+    Options:
+
+    * ``timeout``: seconds each lookup may take (None: no bound); ``lookup(timeout=...)``
+      overrides it per call. A late lookup raises :class:`LookupTimeout`.
+    * ``on_error``: ``"raise"`` gives callers whose keys were in a failed RPC a
+      :class:`StoreError`; ``"absent"`` (vLLM's behaviour) counts those keys as absent.
+    * ``max_keys_per_rpc`` (1000: bigger RPCs stall ~40 ms on loopback), ``max_rpcs_in_flight``
+      (4: parallel RPCs on the store's threads), ``linger`` (seconds to wait for more work
+      before a dispatch; 0 sends at once).
+    * ``max_pending_lookups`` / ``max_pending_keys``: bounds on admitted work; past them
+      callers wait (``when_full="wait"``) or get :class:`Overloaded` (``"raise"``).
+    * ``cache_ttl``: seconds a positive answer is reused, counted from when its RPC was sent;
+      keep it below the master's ``default_kv_lease_ttl`` (10 s by default), which pins a
+      present object that long. None disables the cache. See ``docs/tuning.md``.
+    * ``rounds``: probe only keys that can change the answer, in rounds (fewer keys, more
+      RPC round trips); False sends every planned key in one round, as vLLM does.
+    * ``failure_backoff``: after a failed RPC the coordinator fails fast for this long, then
+      lets one probe RPC through (doubling the pause, up to 8x, while the store stays down).
+    """
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        store: Store,
+        *,
+        timeout: float | None = None,
+        on_error: Literal["raise", "absent"] = "raise",
+        max_keys_per_rpc: int = 1000,
+        max_rpcs_in_flight: int = 4,
+        linger: float = 0.0,
+        max_pending_lookups: int = 4096,
+        max_pending_keys: int = 2_000_000,
+        when_full: Literal["wait", "raise"] = "wait",
+        cache_ttl: float | None = 5.0,
+        cache_max_keys: int = 1_000_000,
+        rounds: bool = True,
+        failure_backoff: float = 1.0,
+    ) -> None:
+        if not isinstance(layout, KVLayout):
+            raise InvalidRequest(f"layout must be a KVLayout, got {type(layout).__name__}")
+        if on_error not in ("raise", "absent"):
+            raise InvalidRequest(f"on_error must be 'raise' or 'absent', got {on_error!r}")
+        if when_full not in ("wait", "raise"):
+            raise InvalidRequest(f"when_full must be 'wait' or 'raise', got {when_full!r}")
+        for name, value in (
+            ("max_keys_per_rpc", max_keys_per_rpc),
+            ("max_rpcs_in_flight", max_rpcs_in_flight),
+            ("max_pending_lookups", max_pending_lookups),
+            ("max_pending_keys", max_pending_keys),
+            ("cache_max_keys", cache_max_keys),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidRequest(f"{name} must be a positive int, got {value!r}")
+        for name, seconds in (("timeout", timeout), ("cache_ttl", cache_ttl)):
+            if seconds is not None and not seconds > 0:
+                raise InvalidRequest(f"{name} must be > 0 or None, got {seconds!r}")
+        if not linger >= 0 or not failure_backoff > 0:
+            raise InvalidRequest("linger must be >= 0 and failure_backoff > 0")
+        self.layout = layout
+        self.store = store
+        self.timeout = timeout
+        self.on_error = on_error
+        self.max_keys_per_rpc = max_keys_per_rpc
+        self.max_rpcs_in_flight = max_rpcs_in_flight
+        self.linger = linger
+        self.max_pending_lookups = max_pending_lookups
+        self.max_pending_keys = max_pending_keys
+        self.when_full = when_full
+        self.cache_ttl = cache_ttl
+        self.cache_max_keys = cache_max_keys
+        self.rounds = rounds
+        self.failure_backoff = failure_backoff
+
+        self._stats = CoordinatorStats()
+        self._queued: dict[bytes, list[_Subscriber]] = {}
+        self._in_flight: dict[bytes, list[_Subscriber]] = {}
+        self._cache: dict[bytes, float] = {}
+        self._lookups: set[_Lookup] = set()
+        self._pending_keys = 0
+        self._rpc_tasks: set[asyncio.Task[None]] = set()
+        self._wake: asyncio.Event | None = None
+        self._room: asyncio.Condition | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        # Circuit breaker: while time < _retry_at, fail fast; then one probe RPC at a time.
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_code: int | None = None
+        self._last_ok: float | None = None
+
+    # ------------------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> LookupCoordinator:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _start(self) -> None:
+        if self._closed:
+            raise ClosedError("the coordinator is closed")
+        if self._dispatcher is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._room = asyncio.Condition()
+        self._dispatcher = self._loop.create_task(self._dispatch_forever())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Stop: every pending caller gets :class:`ClosedError`; in-flight RPC tasks are
+        cancelled and awaited (the store finishes or abandons its own calls)."""
+        if self._closed:
+            return
+        self._closed = True
+        for lookup in list(self._lookups):
+            self._fail(lookup, ClosedError("the coordinator was closed"))
+        self._queued.clear()
+        tasks = [t for t in (self._dispatcher, *self._rpc_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._in_flight.clear()
+        if self._room is not None:
+            async with self._room:
+                self._room.notify_all()
+
+    # --------------------------------------------------------------------------- lookups
+    async def lookup(
+        self,
+        token_len: int,
+        block_hashes: HashInput,
+        *,
+        layout: KVLayout | None = None,
+        timeout: float | None = _UNSET,
+    ) -> int:
+        """The prefix hit, in tokens, of one request (vLLM 0.26's answer on the store).
+
+        ``token_len`` must be a multiple of the layout's scheduler block (see
+        :meth:`KVLayout.align`); ``layout`` lets one coordinator serve several models.
+        """
+        plan = (layout or self.layout).plan(token_len, block_hashes)  # raises InvalidRequest
+        if self._closed:
+            raise ClosedError("the coordinator is closed")
+        self._start()
+        limit = self.timeout if timeout is _UNSET else timeout
+        started = time.perf_counter()
+        stats = self._stats
+        stats.keys_planned_total += plan.num_keys
+        stats.requested_tokens_total += max(plan.token_len, 0)
+        try:
+            if limit is None:
+                hit = await self._run(plan)
+            else:
+                try:
+                    hit = await asyncio.wait_for(self._run(plan), limit)
+                except asyncio.TimeoutError:
+                    raise LookupTimeout(f"lookup did not finish within {limit} s") from None
+        except asyncio.CancelledError:
+            stats.lookups_cancelled_total += 1
+            raise
+        except Error as exc:
+            stats.lookups_total += 1
+            stats.lookups_failed_total += 1
+            stats.count_error(_error_label(exc))
+            raise
+        stats.lookups_total += 1
+        stats.hit_tokens_total += hit
+        stats.lookup_seconds.observe(time.perf_counter() - started)
+        return hit
+
+    async def _run(self, plan: LookupPlan) -> int:
+        """Admit, probe and resolve one plan; cleans up whatever way it ends."""
+        if not plan.num_keys:
+            return 0
+        await self._admit(plan.num_keys)
+        assert self._loop is not None
+        lookup = _Lookup(plan, plan.probing(), self._loop.create_future())
+        self._lookups.add(lookup)
+        self._pending_keys += plan.num_keys
+        try:
+            self._next_round(lookup)
+            return await lookup.future
+        finally:
+            if not lookup.future.done():
+                lookup.future.cancel()
+            elif not lookup.future.cancelled():
+                lookup.future.exception()  # mark retrieved, whoever stopped waiting
+            self._lookups.discard(lookup)
+            self._pending_keys -= plan.num_keys
+            self._forget(lookup)
+            assert self._room is not None
+            async with self._room:
+                self._room.notify_all()
+
+    async def _admit(self, num_keys: int) -> None:
+        assert self._room is not None
+        async with self._room:
+            while not self._has_room(num_keys):
+                if self.when_full == "raise":
+                    raise Overloaded(
+                        f"{len(self._lookups)} lookups / {self._pending_keys} keys pending "
+                        f"(max {self.max_pending_lookups} / {self.max_pending_keys})"
+                    )
+                await self._room.wait()
+                if self._closed:
+                    raise ClosedError("the coordinator was closed")
+
+    def _has_room(self, num_keys: int) -> bool:
+        if not self._lookups:
+            return True  # one lookup always fits, however large
+        return (
+            len(self._lookups) < self.max_pending_lookups
+            and self._pending_keys + num_keys <= self.max_pending_keys
+        )
+
+    def _next_round(self, lookup: _Lookup) -> None:
+        """Queue the keys of the lookup's next round, or settle it when none are left."""
+        while not lookup.done:
+            if self.rounds:
+                wanted = lookup.state.next_keys()
+            elif lookup.state.rounds == 0:
+                lookup.state.rounds = 1
+                wanted = np.arange(lookup.plan.num_keys, dtype=np.int64)
+            else:
+                wanted = np.zeros(0, dtype=np.int64)
+            if not wanted.size:
+                hit = lookup.state.hit
+                if hit is None:  # every key was answered in one round
+                    hit = lookup.plan.resolve_present(lookup.round_present)
+                lookup.future.set_result(hit)
+                return
+            self._stats.rounds_total += 1
+            lookup.round_keys = wanted
+            lookup.round_present = np.zeros(wanted.size, dtype=bool)
+            lookup.waiting = wanted.size
+            if self._subscribe(lookup, lookup.plan.keys_at(wanted)):
+                return  # answers will arrive from the store
+            if not self.rounds:
+                lookup.future.set_result(lookup.plan.resolve_present(lookup.round_present))
+                return
+            lookup.state.record(lookup.round_keys, lookup.round_present)
+
+    def _subscribe(self, lookup: _Lookup, keys: Sequence[bytes]) -> bool:
+        """Answer what the cache knows, join shared probes, queue the rest.
+
+        Returns True when some answers are still to come.
+        """
+        stats = self._stats
+        cache = self._cache
+        now = time.monotonic() if cache else 0.0
+        queued = self._queued
+        in_flight = self._in_flight
+        fresh = 0
+        for pos, key in enumerate(keys):
+            if cache:
+                expiry = cache.get(key)
+                if expiry is not None:
+                    if expiry > now:
+                        stats.cache_hits_total += 1
+                        lookup.round_present[pos] = True
+                        lookup.waiting -= 1
+                        continue
+                    del cache[key]
+            subscribers = in_flight.get(key)
+            if subscribers is None:
+                subscribers = queued.get(key)
+                if subscribers is None:
+                    queued[key] = [(lookup, pos)]
+                    fresh += 1
+                    continue
+            subscribers.append((lookup, pos))
+            stats.dedup_hits_total += 1
+        if fresh:
+            assert self._wake is not None
+            self._wake.set()
+        return lookup.waiting > 0
+
+    def _answer(self, subscribers: Iterable[_Subscriber], present: bool) -> None:
+        for lookup, pos in subscribers:
+            if lookup.done:
+                continue
+            lookup.round_present[pos] = present
+            lookup.waiting -= 1
+            if lookup.waiting == 0:
+                if self.rounds:
+                    lookup.state.record(lookup.round_keys, lookup.round_present)
+                self._next_round(lookup)
+
+    @staticmethod
+    def _fail(lookup: _Lookup, error: BaseException) -> None:
+        if not lookup.done:
+            lookup.future.set_exception(error)
+
+    def _forget(self, lookup: _Lookup) -> None:
+        """Drop a finished lookup's queued probes that nobody else waits for."""
+        if not lookup.waiting or not self._queued:
+            return
+        for key in lookup.plan.keys_at(lookup.round_keys):
+            subscribers = self._queued.get(key)
+            if subscribers is not None and all(s.done for s, _ in subscribers):
+                del self._queued[key]
+
+    # ------------------------------------------------------------------------ dispatching
+    async def _dispatch_forever(self) -> None:
+        assert self._wake is not None and self._loop is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.linger:
+                await asyncio.sleep(self.linger)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Send queued keys while RPC slots are free; fail fast while the store is down."""
+        assert self._loop is not None
+        if not self._queued:
+            return
+        now = time.monotonic()
+        if self._failures and now < self._retry_at:
+            self._fail_queued(now)
+            return
+        slots = self.max_rpcs_in_flight - len(self._rpc_tasks)
+        if self._failures:
+            slots = min(slots, 1) if not self._rpc_tasks else 0  # half-open: one probe RPC
+        lookups_in_dispatch: set[_Lookup] = set()
+        while slots > 0 and self._queued:
+            keys: list[bytes] = []
+            subscribers: list[list[_Subscriber]] = []
+            queued = self._queued
+            for key in list(queued):
+                subs = queued.pop(key)
+                live = [s for s in subs if not s[0].done]
+                if not live:
+                    continue
+                keys.append(key)
+                subscribers.append(live)
+                self._in_flight[key] = live
+                for lookup, _ in live:
+                    lookups_in_dispatch.add(lookup)
+                if len(keys) >= self.max_keys_per_rpc:
+                    break
+            if not keys:
+                break
+            task = self._loop.create_task(self._rpc(keys))
+            self._rpc_tasks.add(task)
+            slots -= 1
+        if lookups_in_dispatch:
+            self._stats.dispatches_total += 1
+            self._stats.lookups_per_dispatch.observe(len(lookups_in_dispatch))
+        self._stats.pending_keys = len(self._queued)
+
+    def _fail_queued(self, now: float) -> None:
+        """The store is failing: answer queued keys now instead of feeding it."""
+        queued, self._queued = self._queued, {}
+        code = self._last_code
+        for key, subscribers in queued.items():
+            self._settle_failed(key, subscribers, code, "store unavailable; failing fast")
+        assert self._loop is not None and self._wake is not None
+        wake = self._wake
+        self._loop.call_at(self._loop.time() + (self._retry_at - now), wake.set)
+
+    def _settle_failed(
+        self, key: bytes, subscribers: list[_Subscriber], code: int | None, why: str
+    ) -> None:
+        if self.on_error == "absent":
+            self._answer(subscribers, False)
+            return
+        for lookup, _ in subscribers:
+            self._fail(lookup, StoreError(f"{why} (code {code})", code=code))
+
+    async def _rpc(self, keys: list[bytes]) -> None:
+        """One ``batch_is_exist`` call and the fan-out of its answers."""
+        stats = self._stats
+        stats.rpcs_total += 1
+        stats.keys_sent_total += len(keys)
+        stats.keys_per_rpc.observe(len(keys))
+        sent_at = time.monotonic()
+        started = time.perf_counter()
+        answers: Sequence[int] | None = None
+        error: BaseException | None = None
+        try:
+            answers = await self.store.batch_is_exist(keys)
+            if len(answers) != len(keys):
+                raise StoreError(f"store answered {len(answers)} values for {len(keys)} keys")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any store failure reaches its callers
+            error = exc
+        finally:
+            stats.rpc_seconds.observe(time.perf_counter() - started)
+            task = asyncio.current_task()
+            if task is not None:
+                self._rpc_tasks.discard(task)
+            assert self._wake is not None
+            self._wake.set()
+        in_flight = self._in_flight
+        if error is not None or answers is None:
+            self._record_failure(error)
+            code = error.code if isinstance(error, StoreError) else None
+            for key in keys:
+                subscribers = in_flight.pop(key, None)
+                if subscribers:
+                    self._settle_failed(key, subscribers, code, f"store RPC failed: {error}")
+            return
+        self._record_success()
+        cache = self._cache if self.cache_ttl is not None else None
+        expiry = sent_at + (self.cache_ttl or 0.0)
+        for key, answer in zip(keys, answers):
+            present = answer == 1
+            subscribers = in_flight.pop(key, None)
+            if present and cache is not None:
+                cache[key] = expiry
+            if subscribers:
+                self._answer(subscribers, present)
+        if cache is not None and len(cache) > self.cache_max_keys:
+            excess = len(cache) - self.cache_max_keys + self.cache_max_keys // 10
+            for key in list(itertools.islice(cache, excess)):  # oldest first
+                del cache[key]
+
+    def _record_failure(self, error: BaseException | None) -> None:
+        stats = self._stats
+        stats.rpc_errors_total += 1
+        code = error.code if isinstance(error, StoreError) else None
+        stats.last_error = f"{type(error).__name__}: {error}"
+        self._last_code = code
+        self._failures += 1
+        pause = self.failure_backoff * min(2 ** (self._failures - 1), 8)
+        self._retry_at = time.monotonic() + pause
+
+    def _record_success(self) -> None:
+        self._failures = 0
+        self._last_ok = time.monotonic()
+
+    # ---------------------------------------------------------------------- observability
+    @property
+    def healthy(self) -> bool:
+        """False while the coordinator fails fast after store errors."""
+        return not self._failures and not self._closed
+
+    def stats(self) -> CoordinatorStats:
+        """A snapshot of counters and histograms (see :class:`CoordinatorStats`)."""
+        stats = self._stats
+        stats.pending_lookups = len(self._lookups)
+        stats.pending_keys = len(self._queued)
+        stats.rpcs_in_flight = len(self._rpc_tasks)
+        stats.store_healthy = self.healthy
+        stats.last_rpc_ok_age = (
+            None if self._last_ok is None else time.monotonic() - self._last_ok
+        )
+        return stats.snapshot()
+
+
+def _error_label(exc: Error) -> str:
+    """The ``errors_by_code`` label of a failed lookup."""
+    if isinstance(exc, StoreError):
+        return str(exc.code) if exc.code is not None else "exception"
+    if isinstance(exc, LookupTimeout):
+        return "timeout"
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, ClosedError):
+        return "closed"
+    return type(exc).__name__
