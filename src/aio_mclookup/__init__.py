@@ -6,6 +6,8 @@ Data flow: :class:`KVLayout` (the model) -> :meth:`KVLayout.plan` (one request's
 
 from __future__ import annotations
 
+import contextlib
+
 from ._coordinator import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
 from ._layout import ChunkedLocalAttention, FullAttention, GroupSpec, KVLayout, Mamba, SlidingWindow
@@ -40,7 +42,5 @@ __version__ = "0.1.0"
 for _name in __all__:
     _obj = globals()[_name]
     if getattr(_obj, "__module__", "").startswith("aio_mclookup._"):
-        try:
+        with contextlib.suppress(AttributeError, TypeError):
             _obj.__module__ = "aio_mclookup"
-        except (AttributeError, TypeError):
-            pass

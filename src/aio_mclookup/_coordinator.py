@@ -465,7 +465,7 @@ class LookupCoordinator:
                 raise StoreError(f"store answered {len(answers)} values for {len(keys)} keys")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - any store failure reaches its callers
+        except Exception as exc:
             error = exc
         finally:
             stats.rpc_seconds.observe(time.perf_counter() - started)

@@ -124,7 +124,8 @@ def chunked_local_hit(
     block_size == alignment, which :func:`build_plan` checks up front)."""
     block_size = spec.block_size
     num_blocks = max_length // block_size
-    start_block = (max_length // spec.attention_chunk_size * spec.attention_chunk_size) // block_size
+    chunk = spec.attention_chunk_size
+    start_block = (max_length // chunk * chunk) // block_size
     run = _leading_true(present[start_block:num_blocks])
     return (start_block + run) * block_size, _unknown(known, start_block, start_block + run)
 

@@ -12,7 +12,7 @@ import dataclasses
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -109,7 +109,7 @@ class Mamba:
         return {"kind": self.kind, "block_size": self.block_size}
 
 
-GroupSpec = Union[FullAttention, SlidingWindow, ChunkedLocalAttention, Mamba]
+GroupSpec = FullAttention | SlidingWindow | ChunkedLocalAttention | Mamba
 
 _KINDS: dict[str, type[GroupSpec]] = {
     "full_attention": FullAttention,

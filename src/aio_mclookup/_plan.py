@@ -12,7 +12,7 @@ import numbers
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HashInput", "LookupPlan", "build_plan"]
 
-HashInput = Union[Sequence[bytes], npt.NDArray[np.uint8]]
+HashInput = Sequence[bytes] | npt.NDArray[np.uint8]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
@@ -202,7 +202,7 @@ class ProbeState:
     computes from all keys. Plans whose chunks share hashes are probed in one round.
     """
 
-    __slots__ = ("_answered", "_present", "plan", "hit", "rounds")
+    __slots__ = ("_answered", "_present", "hit", "plan", "rounds")
 
     def __init__(self, plan: LookupPlan) -> None:
         self.plan = plan
@@ -254,7 +254,7 @@ class ProbeState:
 
     def record(self, key_indices: IntArray, present: BoolArray) -> None:
         """Record answers (True = present) for key indices from :meth:`next_keys`."""
-        if self.hit is not None or self.rounds == 1 and key_indices.size == self.plan.num_keys:
+        if self.hit is not None or (self.rounds == 1 and key_indices.size == self.plan.num_keys):
             if self.hit is None:
                 self.hit = self.plan.resolve_present(present)
             return

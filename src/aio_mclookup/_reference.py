@@ -527,9 +527,9 @@ class _Coordinator:
         if spec0.kind == _FULL:
             num_blocks = hit_length // spec0.block_size
             for gid in group_ids0:
-                blks = hit_blocks_by_group[gid]
-                assert blks is not None
-                del blks[num_blocks:]
+                kept = hit_blocks_by_group[gid]
+                assert kept is not None
+                del kept[num_blocks:]
                 hit_length_by_group[gid] = hit_length
         return tuple(b if b is not None else [] for b in hit_blocks_by_group), hit_length
 

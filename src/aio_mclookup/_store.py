@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Protocol, Union, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ._errors import StoreError
 
 __all__ = ["FakeStore", "Key", "Store"]
 
-Key = Union[bytes, str]
+Key = bytes | str
 """A store key: ASCII bytes (what plans produce) or str; Mooncake takes both."""
 
 

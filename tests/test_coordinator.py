@@ -1,0 +1,384 @@
+"""LookupCoordinator on the in-process FakeStore: batching, dedup, chunking, rounds, cache,
+failures, cancellation, timeouts, backpressure and close; on asyncio and on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aio_mclookup as mcl
+from aio_mclookup import FakeStore, KVLayout, LookupCoordinator
+
+CASES = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "data" / "conformance_public.jsonl")
+    .read_text()
+    .splitlines()
+    if line.strip()
+]
+
+
+def chain(n: int, seed: bytes) -> list[bytes]:
+    """Chained 32-byte hashes, like vLLM's block hashes."""
+    out, parent = [], hashlib.sha256(seed).digest()
+    for i in range(n):
+        parent = hashlib.sha256(parent + i.to_bytes(4, "little")).digest()
+        out.append(parent)
+    return out
+
+
+FULL16 = KVLayout([mcl.FullAttention(16)], model="org/chat", hash_block_size=16,
+                  scheduler_block_size=16)
+HYBRID = KVLayout(
+    [mcl.FullAttention(32), mcl.SlidingWindow(8, sliding_window=8)],
+    model="hy", hash_block_size=8, scheduler_block_size=32,
+)
+
+
+def expected(layout: KVLayout, store: FakeStore, token_len: int, hashes: Any) -> int:
+    plan = layout.plan(token_len, hashes)
+    return plan.resolve([1 if k in store.present else 0 for k in plan.keys])
+
+
+class SelectiveFailStore(FakeStore):
+    """FakeStore that fails (with ``code``) any RPC containing one of ``poison`` keys."""
+
+    def __init__(self, poison: set[bytes], code: int = -900, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.poison = poison
+        self.code = code
+
+    async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
+        if any(bytes(k) in self.poison for k in keys):
+            self.calls.append([bytes(k) for k in keys])
+            raise mcl.StoreError("poisoned RPC", code=self.code)
+        return await super().batch_is_exist(keys)
+
+
+async def test_hits_equal_plan_resolve_for_concurrent_callers() -> None:
+    docs = [chain(64, bytes([d])) for d in range(4)]
+    store = FakeStore()
+    for d in docs[:3]:
+        store.add(FULL16.plan(1024, d).keys)
+    rng = random.Random(1)
+    requests = []
+    for i in range(60):
+        doc = docs[i % 4]
+        cut = rng.randrange(0, 65)
+        hashes = doc[:cut] + chain(64 - cut, b"tail%d" % i)
+        requests.append(hashes)
+    async with LookupCoordinator(FULL16, store) as coord:
+        hits = await asyncio.gather(*(coord.lookup(1024, h) for h in requests))
+    assert hits == [expected(FULL16, store, 1024, h) for h in requests]
+    assert any(hits) and not all(hits)
+
+
+async def test_idle_coordinator_sends_at_once_and_concurrent_callers_share_rpcs() -> None:
+    hashes = chain(8, b"a")
+    store = FakeStore(FULL16.plan(128, hashes).keys, delay=0.01)
+    async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await coord.lookup(128, hashes) == 128
+        assert loop.time() - start < 0.5
+        assert len(store.calls) == 1
+        others = [chain(8, b"o%d" % i) for i in range(100)]
+        await asyncio.gather(*(coord.lookup(128, h) for h in others))
+        stats = coord.stats()
+    assert stats.rpcs_total < 1 + 100 / 4
+    assert stats.lookups_per_dispatch.count >= 1
+    assert max(len(c) for c in store.calls) > 8  # keys of several lookups in one RPC
+
+
+async def test_keys_are_deduplicated_across_callers() -> None:
+    hashes = chain(32, b"same")
+    store = FakeStore(FULL16.plan(512, hashes).keys, delay=0.005)
+    async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
+        hits = await asyncio.gather(*(coord.lookup(512, hashes) for _ in range(10)))
+        stats = coord.stats()
+    assert hits == [512] * 10
+    assert stats.keys_sent_total == 32
+    assert stats.dedup_hits_total == 9 * 32
+
+
+async def test_rpcs_are_split_at_max_keys_per_rpc() -> None:
+    hashes = chain(2500, b"long")
+    store = FakeStore(FULL16.plan(40000, hashes).keys)
+    async with LookupCoordinator(FULL16, store, max_keys_per_rpc=1000) as coord:
+        assert await coord.lookup(40000, hashes) == 40000
+    assert sorted(len(c) for c in store.calls) == [500, 1000, 1000]
+    assert len({k for c in store.calls for k in c}) == 2500
+
+
+async def test_rounds_send_fewer_keys_with_the_same_answer() -> None:
+    hashes = chain(48, b"h")
+    store = FakeStore(HYBRID.plan(384, hashes).keys)
+    store.discard(HYBRID.plan(384, hashes).keys[5:])  # full hit stops early
+    want = expected(HYBRID, store, 384, hashes)
+    async with LookupCoordinator(HYBRID, store, cache_ttl=None) as coord:
+        assert await coord.lookup(384, hashes) == want
+        with_rounds = coord.stats().keys_sent_total
+    store.calls.clear()
+    async with LookupCoordinator(HYBRID, store, cache_ttl=None, rounds=False) as coord:
+        assert await coord.lookup(384, hashes) == want
+        all_keys = coord.stats().keys_sent_total
+    assert all_keys == HYBRID.plan(384, hashes).num_keys
+    assert with_rounds < all_keys
+
+
+async def test_positive_cache_answers_repeat_lookups_and_can_be_disabled() -> None:
+    hashes = chain(16, b"c")
+    store = FakeStore(FULL16.plan(256, hashes).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        assert await coord.lookup(256, hashes) == 256
+        calls = len(store.calls)
+        assert await coord.lookup(256, hashes) == 256
+        assert len(store.calls) == calls
+        assert coord.stats().cache_hits_total == 16
+    async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
+        await coord.lookup(256, hashes)
+        await coord.lookup(256, hashes)
+        assert coord.stats().rpcs_total == 2
+
+
+async def test_cache_keeps_only_positive_answers() -> None:
+    hashes = chain(4, b"neg")
+    store = FakeStore()
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        assert await coord.lookup(64, hashes) == 0
+        store.add(FULL16.plan(64, hashes).keys)
+        assert await coord.lookup(64, hashes) == 64
+
+
+async def test_failed_rpc_reaches_only_its_callers() -> None:
+    bad = chain(4, b"bad")
+    good = chain(4, b"good")
+    poison = set(FULL16.plan(64, bad).keys)
+    store = SelectiveFailStore(poison, code=-901)
+    store.add(FULL16.plan(64, good).keys)
+    store.add(poison)
+    async with LookupCoordinator(FULL16, store, max_keys_per_rpc=4, failure_backoff=0.05) as coord:
+        results = await asyncio.gather(
+            coord.lookup(64, bad), coord.lookup(64, good), return_exceptions=True
+        )
+        failed, ok = results
+        assert isinstance(failed, mcl.StoreError) and failed.code == -901
+        assert ok == 64
+        assert coord.stats().errors_by_code == {"-901": 1}
+
+
+async def test_on_error_absent_counts_failed_keys_absent() -> None:
+    layout = KVLayout([mcl.ChunkedLocalAttention(16, attention_chunk_size=32)], model="m",
+                      hash_block_size=16, scheduler_block_size=16)
+    hashes = chain(5, b"cl")
+    store = FakeStore(fail_keys := layout.plan(80, hashes).keys)
+    store.fail_with = -900
+    async with LookupCoordinator(layout, store, on_error="absent") as coord:
+        # vLLM: blocks before the current 32-token chunk count unchecked -> 64, not 0.
+        assert await coord.lookup(80, hashes) == 64
+    async with LookupCoordinator(layout, store, on_error="raise") as coord:
+        with pytest.raises(mcl.StoreError) as err:
+            await coord.lookup(80, hashes)
+        assert err.value.code == -900
+    assert fail_keys
+
+
+async def test_fail_fast_while_store_is_down_then_recover() -> None:
+    hashes = chain(4, b"ff")
+    store = FakeStore(FULL16.plan(64, hashes).keys)
+    store.fail_with = -900
+    async with LookupCoordinator(FULL16, store, failure_backoff=0.2, cache_ttl=None) as coord:
+        with pytest.raises(mcl.StoreError):
+            await coord.lookup(64, hashes)
+        assert not coord.healthy
+        calls = len(store.calls)
+        for _ in range(5):
+            with pytest.raises(mcl.StoreError):
+                await coord.lookup(64, hashes)
+        assert len(store.calls) == calls  # not fed while down
+        store.fail_with = None
+        await asyncio.sleep(0.25)
+        assert await coord.lookup(64, hashes) == 64
+        assert coord.healthy
+
+
+async def test_cancelled_caller_leaves_others_alone() -> None:
+    a, b = chain(8, b"a"), chain(8, b"b")
+    store = FakeStore(FULL16.plan(128, a).keys + FULL16.plan(128, b).keys, delay=0.05)
+    async with LookupCoordinator(FULL16, store) as coord:
+        ta = asyncio.ensure_future(coord.lookup(128, a))
+        tb = asyncio.ensure_future(coord.lookup(128, b))
+        await asyncio.sleep(0.01)
+        ta.cancel()
+        assert await tb == 128
+        with pytest.raises(asyncio.CancelledError):
+            await ta
+        await asyncio.sleep(0.06)
+        assert not coord._lookups and not coord._queued and not coord._in_flight
+        assert coord.stats().lookups_cancelled_total == 1
+
+
+async def test_cancel_before_dispatch_drops_queued_keys() -> None:
+    hashes = chain(8, b"q")
+    store = FakeStore(delay=0.05)
+    async with LookupCoordinator(FULL16, store, max_rpcs_in_flight=1) as coord:
+        first = asyncio.ensure_future(coord.lookup(128, chain(8, b"first")))
+        await asyncio.sleep(0.01)  # the only slot is busy
+        queued = asyncio.ensure_future(coord.lookup(128, hashes))
+        await asyncio.sleep(0)
+        queued.cancel()
+        await first
+        await asyncio.sleep(0.06)
+    sent = {k for c in store.calls for k in c}
+    assert not sent & set(FULL16.plan(128, hashes).keys)
+
+
+async def test_timeout_bounds_a_lookup_without_hurting_others() -> None:
+    store = FakeStore(delay=0.3)
+    async with LookupCoordinator(FULL16, store) as coord:
+        slow = coord.lookup(64, chain(4, b"s"), timeout=0.05)
+        patient = coord.lookup(64, chain(4, b"p"))
+        results = await asyncio.gather(slow, patient, return_exceptions=True)
+        assert isinstance(results[0], mcl.LookupTimeout)
+        assert isinstance(results[0], TimeoutError)
+        assert results[1] == 0
+        assert coord.stats().errors_by_code.get("timeout") == 1
+
+
+async def test_backpressure_raise_and_wait() -> None:
+    store = FakeStore(delay=0.05)
+    async with LookupCoordinator(FULL16, store, max_pending_lookups=2, when_full="raise") as c:
+        results = await asyncio.gather(
+            *(c.lookup(64, chain(4, bytes([i]))) for i in range(3)), return_exceptions=True
+        )
+        assert sum(isinstance(r, mcl.Overloaded) for r in results) == 1
+    async with LookupCoordinator(FULL16, store, max_pending_lookups=2, when_full="wait") as c:
+        results = await asyncio.gather(*(c.lookup(64, chain(4, bytes([i]))) for i in range(6)))
+        assert results == [0] * 6
+        assert c.stats().pending_lookups == 0
+
+
+async def test_close_settles_pending_callers() -> None:
+    store = FakeStore(delay=1.0)
+    coord = LookupCoordinator(FULL16, store)
+    async with coord:
+        pending = [asyncio.ensure_future(coord.lookup(64, chain(4, bytes([i])))) for i in range(3)]
+        await asyncio.sleep(0.01)
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(r, mcl.ClosedError) for r in results)
+    with pytest.raises(mcl.ClosedError):
+        await coord.lookup(64, chain(4, b"late"))
+    assert not coord._rpc_tasks and coord._dispatcher is not None and coord._dispatcher.done()
+
+
+async def test_bad_input_fails_in_caller_before_batching() -> None:
+    store = FakeStore(delay=0.01)
+    async with LookupCoordinator(FULL16, store) as coord:
+        good = asyncio.ensure_future(coord.lookup(64, chain(4, b"ok")))
+        with pytest.raises(mcl.InvalidRequest):
+            await coord.lookup(63, chain(4, b"x"))  # unaligned
+        with pytest.raises(mcl.InvalidRequest):
+            await coord.lookup(64, [b"ok", 7])  # type: ignore[list-item]
+        with pytest.raises(mcl.InvalidRequest):
+            await coord.lookup(True, chain(4, b"x"))
+        assert await good == 0
+    assert len(store.calls) == 1
+
+
+async def test_one_coordinator_serves_several_layouts() -> None:
+    other = KVLayout([mcl.FullAttention(16)], model="org/other", hash_block_size=16,
+                     scheduler_block_size=16)
+    hashes = chain(4, b"shared")
+    store = FakeStore(other.plan(64, hashes).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
+        hits = await asyncio.gather(coord.lookup(64, hashes), coord.lookup(64, hashes,
+                                                                            layout=other))
+        assert hits == [0, 64]
+        assert coord.stats().rpcs_total == 1
+
+
+async def test_store_answer_of_wrong_length_is_a_store_error() -> None:
+    class ShortStore(FakeStore):
+        async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
+            return [1]
+
+    async with LookupCoordinator(FULL16, ShortStore()) as coord:
+        with pytest.raises(mcl.StoreError):
+            await coord.lookup(64, chain(4, b"w"))
+
+
+def _case_requests() -> list[tuple[KVLayout, int, list[bytes], set[bytes]]]:
+    out = []
+    for case in CASES:
+        if case["error"] or case["exists"] is None:
+            continue
+        layout = KVLayout.from_dict(case["config"])
+        hashes = [bytes.fromhex(h) for h in case["block_hashes_hex"]]
+        answers: dict[str, set[int]] = {}
+        for key, ans in zip(case["expected_keys"], case["exists"]):
+            answers.setdefault(key, set()).add(ans)
+        if any(len(v) > 1 for v in answers.values()):
+            continue  # conflicting answers for one key cannot come from one store
+        present = {k.encode() for k, v in answers.items() if v == {1}}
+        out.append((layout, case["token_len"], hashes, present))
+    return out
+
+
+CASE_REQUESTS = _case_requests()
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    picks=st.lists(st.integers(0, len(CASE_REQUESTS) - 1), min_size=1, max_size=40),
+    seed=st.integers(0, 2**16),
+    rounds=st.booleans(),
+    max_keys=st.sampled_from([1, 7, 1000]),
+    cache=st.sampled_from([None, 5.0]),
+)
+def test_property_coordinator_equals_plan_resolve(
+    picks: list[int], seed: int, rounds: bool, max_keys: int, cache: float | None
+) -> None:
+    """Random real-vLLM cases, one store holding all their present keys, random arrival
+    order and delays: every coordinator answer equals plan.resolve on that store."""
+    chosen = [CASE_REQUESTS[i] for i in picks]
+    store = FakeStore()
+    for _, _, _, present in chosen:
+        store.add(present)
+    rng = random.Random(seed)
+
+    async def one(layout: KVLayout, token_len: int, hashes: list[bytes],
+                  coord: LookupCoordinator) -> int:
+        await asyncio.sleep(rng.random() * 0.002)
+        return await coord.lookup(token_len, hashes, layout=layout)
+
+    async def run() -> list[int]:
+        async with LookupCoordinator(chosen[0][0], store, rounds=rounds,
+                                     max_keys_per_rpc=max_keys, cache_ttl=cache) as coord:
+            return await asyncio.gather(*(one(lay, t, h, coord) for lay, t, h, _ in chosen))
+
+    hits = asyncio.run(run())
+    assert hits == [expected(lay, store, t, h) for lay, t, h, _ in chosen]
+
+
+def test_array_and_list_hashes_give_the_same_hit() -> None:
+    hashes = chain(32, b"arr")
+    store = FakeStore(HYBRID.plan(256, hashes).keys)
+
+    async def run() -> tuple[int, int]:
+        async with LookupCoordinator(HYBRID, store) as coord:
+            arr = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(-1, 32)
+            return await coord.lookup(256, hashes), await coord.lookup(256, arr)
+
+    assert asyncio.run(run()) == (256, 256)
