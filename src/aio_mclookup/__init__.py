@@ -11,6 +11,7 @@ import contextlib
 from ._coordinator import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
 from ._layout import ChunkedLocalAttention, FullAttention, GroupSpec, KVLayout, Mamba, SlidingWindow
+from ._mooncake import LocalMaster, MooncakeStore, StoreWriter
 from ._plan import HashInput, LookupPlan
 from ._stats import CoordinatorStats, Histogram
 from ._store import FakeStore, Store
@@ -29,12 +30,15 @@ __all__ = [
     "KVLayout",
     "LookupCoordinator",
     "LookupPlan",
+    "LocalMaster",
     "LookupTimeout",
     "Mamba",
+    "MooncakeStore",
     "Overloaded",
     "SlidingWindow",
     "Store",
     "StoreError",
+    "StoreWriter",
 ]
 
 __version__ = "0.1.0"

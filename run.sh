@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# aio-mclookup quick start. Sets up what a fresh Debian 12 machine lacks (the system libraries
+# the Mooncake wheel links against, a virtualenv with the package and its dev tools), then:
+#   bash run.sh loadgen [ARGS...]   the load generator against an embedded local Mooncake master
+#   bash run.sh test [PYTEST ARGS]  the whole test suite (unit + integration on a real master)
+#   bash run.sh bench               the benchmarks (they rewrite docs/benchmarks.md)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+ensure_system_packages() {
+    local missing=()
+    for lib in libibverbs.so.1 libnuma.so.1 libcurl.so.4; do
+        ldconfig -p 2>/dev/null | grep -q "$lib" || missing+=("$lib")
+    done
+    local py_ok=1
+    python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || py_ok=0
+    if [ "${#missing[@]}" -gt 0 ] || [ "$py_ok" = 0 ]; then
+        echo "run.sh: installing Debian packages (libibverbs1 libnuma1 libcurl4 python3-venv)" >&2
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            libibverbs1 libnuma1 libcurl4 python3 python3-venv python3-dev >/dev/null
+    fi
+}
+
+ensure_venv() {
+    if [ ! -x .venv/bin/python ]; then
+        python3 -m venv .venv
+    fi
+    local stamp=.venv/.aio-mclookup-installed
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+        .venv/bin/python -m pip install -q -e '.[dev]'
+        touch "$stamp"
+    fi
+}
+
+command="${1:-}"
+[ $# -gt 0 ] && shift
+case "$command" in
+    loadgen)
+        ensure_system_packages; ensure_venv
+        exec .venv/bin/aio-mclookup loadgen "$@" ;;
+    test)
+        ensure_system_packages; ensure_venv
+        exec .venv/bin/python -m pytest "$@" ;;
+    bench)
+        ensure_system_packages; ensure_venv
+        .venv/bin/python benchmarks/bench_plan.py
+        exec .venv/bin/python benchmarks/bench_coalesce.py ;;
+    setup)
+        ensure_system_packages; ensure_venv ;;
+    *)
+        echo "usage: bash run.sh {loadgen|test|bench|setup} [args...]" >&2
+        exit 2 ;;
+esac
