@@ -110,32 +110,34 @@ async def test_concurrent_callers_share_rpcs(
 async def test_master_killed_midrun_bounded_errors_then_recovery() -> None:
     hashes = chain(64, b"crash")
     plan = CHAT.plan(1024, hashes)
-    async with LocalMaster() as master:
-        async with StoreWriter(master.master_address, master.metadata_server) as writer, \
-                MooncakeStore(master.master_address, master.metadata_server,
-                              rpc_timeout=1.0) as store:
-            await writer.put_keys(plan.keys)
-            async with LookupCoordinator(CHAT, store, timeout=3.0, failure_backoff=0.2,
-                                         cache_ttl=None) as coord:
-                assert await coord.lookup(1024, hashes) == 1024
-                await master.kill()
-                started = time.monotonic()
-                for _ in range(4):
-                    with pytest.raises((mcl.StoreError, mcl.LookupTimeout)):
-                        await coord.lookup(1024, hashes)
-                assert time.monotonic() - started < 4 * 3.0 + 1.0
-                assert not coord.healthy
-                await master.restart()
-                deadline = time.monotonic() + 40
-                while True:  # keys are gone with the old master: the writer puts them again
-                    try:
-                        await writer.put_keys(plan.keys)
-                        if await coord.lookup(1024, hashes) == 1024:
-                            break
-                    except (mcl.StoreError, mcl.LookupTimeout):
-                        pass
-                    assert time.monotonic() < deadline, "no recovery after the master restart"
-                    await asyncio.sleep(0.3)
-                assert coord.healthy
-                errors = coord.stats().errors_by_code
-                assert set(errors) <= {"-900", "-901", "-200", "timeout", "exception"}
+    async with (
+        LocalMaster() as master,
+        StoreWriter(master.master_address, master.metadata_server) as writer,
+        MooncakeStore(master.master_address, master.metadata_server, rpc_timeout=1.0) as store,
+        LookupCoordinator(
+            CHAT, store, timeout=3.0, failure_backoff=0.2, cache_ttl=None
+        ) as coord,
+    ):
+        await writer.put_keys(plan.keys)
+        assert await coord.lookup(1024, hashes) == 1024
+        await master.kill()
+        started = time.monotonic()
+        for _ in range(4):
+            with pytest.raises((mcl.StoreError, mcl.LookupTimeout)):
+                await coord.lookup(1024, hashes)
+        assert time.monotonic() - started < 4 * 3.0 + 1.0
+        assert not coord.healthy
+        await master.restart()
+        deadline = time.monotonic() + 40
+        while True:  # keys are gone with the old master: the writer puts them again
+            try:
+                await writer.put_keys(plan.keys)
+                if await coord.lookup(1024, hashes) == 1024:
+                    break
+            except (mcl.StoreError, mcl.LookupTimeout):
+                pass
+            assert time.monotonic() < deadline, "no recovery after the master restart"
+            await asyncio.sleep(0.3)
+        assert coord.healthy
+        errors = coord.stats().errors_by_code
+        assert set(errors) <= {"-900", "-901", "-200", "timeout", "exception"}
