@@ -25,10 +25,10 @@ _BOTH_LOOPS = {"test_coordinator.py", "test_coordinator_integration.py"}
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
-) -> dict[str, Callable[[], asyncio.AbstractEventLoop]] | None:
-    """Run the coordinator's async tests on asyncio and on uvloop."""
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Run the coordinator's async tests on asyncio and on uvloop; the rest on asyncio."""
     if uvloop is None or item.path.name not in _BOTH_LOOPS:
-        return None
+        return {"asyncio": asyncio.new_event_loop}
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 

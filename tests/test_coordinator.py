@@ -382,3 +382,22 @@ def test_array_and_list_hashes_give_the_same_hit() -> None:
             return await coord.lookup(256, hashes), await coord.lookup(256, arr)
 
     assert asyncio.run(run()) == (256, 256)
+
+
+@pytest.mark.parametrize("rounds", [True, False])
+async def test_vllm_index_error_case_fails_only_its_caller(rounds: bool) -> None:
+    """full16 + SWA32/W32 with EAGLE and 3 hashes for 64 tokens: with every key present vLLM
+    0.26 raises IndexError; that caller gets InvalidRequest, the shared RPC's others answer."""
+    layout = KVLayout(
+        [mcl.FullAttention(16), mcl.SlidingWindow(32, sliding_window=32)],
+        model="m", hash_block_size=16, scheduler_block_size=32, use_eagle=True,
+    )
+    short = [b"a", b"b", b"c"]
+    ok = [b"x", b"y", b"z", b"w"]
+    store = FakeStore(layout.plan(64, short).keys + layout.plan(64, ok).keys, delay=0.01)
+    async with LookupCoordinator(layout, store, rounds=rounds) as coord:
+        results = await asyncio.gather(
+            coord.lookup(64, short), coord.lookup(64, ok), return_exceptions=True
+        )
+    assert isinstance(results[0], mcl.InvalidRequest)
+    assert results[1] == expected(layout, store, 64, ok)

@@ -85,7 +85,7 @@ class LookupCoordinator:
       callers wait (``when_full="wait"``) or get :class:`Overloaded` (``"raise"``).
     * ``cache_ttl``: seconds a positive answer is reused, counted from when its RPC was sent;
       keep it below the master's ``default_kv_lease_ttl`` (10 s by default), which pins a
-      present object that long. None disables the cache. See ``docs/tuning.md``.
+      present object that long. None disables the cache. See ``docs/coordinator.md``.
     * ``rounds``: probe only keys that can change the answer, in rounds (fewer keys, more
       RPC round trips); False sends every planned key in one round, as vLLM does.
     * ``failure_backoff``: after a failed RPC the coordinator fails fast for this long, then
@@ -316,10 +316,8 @@ class LookupCoordinator:
             lookup.waiting = wanted.size
             if self._subscribe(lookup, lookup.plan.keys_at(wanted)):
                 return  # answers will arrive from the store
-            if not self.rounds:
-                lookup.future.set_result(lookup.plan.resolve_present(lookup.round_present))
-                return
-            lookup.state.record(lookup.round_keys, lookup.round_present)
+            if self.rounds:
+                lookup.state.record(lookup.round_keys, lookup.round_present)
 
     def _subscribe(self, lookup: _Lookup, keys: Sequence[bytes]) -> bool:
         """Answer what the cache knows, join shared probes, queue the rest.
@@ -363,9 +361,17 @@ class LookupCoordinator:
             lookup.round_present[pos] = present
             lookup.waiting -= 1
             if lookup.waiting == 0:
-                if self.rounds:
-                    lookup.state.record(lookup.round_keys, lookup.round_present)
-                self._next_round(lookup)
+                self._advance(lookup)
+
+    def _advance(self, lookup: _Lookup) -> None:
+        """A round is answered: record it and go on. Runs inside a shared RPC task, so a
+        failure (vLLM's own IndexError cases surface as InvalidRequest) ends only this lookup."""
+        try:
+            if self.rounds:
+                lookup.state.record(lookup.round_keys, lookup.round_present)
+            self._next_round(lookup)
+        except Exception as exc:
+            self._fail(lookup, exc if isinstance(exc, Error) else StoreError(repr(exc)))
 
     @staticmethod
     def _fail(lookup: _Lookup, error: BaseException) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ._errors import InvalidRequest
 from ._layout import (
     ChunkedLocalAttention,
     FullAttention,
@@ -52,6 +53,15 @@ def _align_down(num_blocks: int, block_size: int, alignment: int) -> int:
     return num_blocks
 
 
+def _too_few_hashes(kind: str, needed: int, present: BoolArray) -> None:
+    """vLLM's managers index the chunk hashes directly: past the end is an IndexError there."""
+    if needed > present.size:
+        raise InvalidRequest(
+            f"too few block hashes: the {kind} hit search reads chunk {needed - 1} but only "
+            f"{present.size} are hashed (vLLM 0.26 raises IndexError here)"
+        )
+
+
 def _unknown(known: BoolArray | None, start: int, stop: int) -> IntArray:
     """Chunks in [start, stop) whose presence is not known yet."""
     if known is None or stop <= start:
@@ -83,6 +93,7 @@ def sliding_window_hit(
     """
     block_size = spec.block_size
     num_blocks = max_length // block_size
+    _too_few_hashes("sliding-window", num_blocks, present)
     window = present[:num_blocks]
     need = max(window_blocks(spec, drop_eagle), 1)  # vLLM tests `run >= need` after +1
     openers = _openers(num_blocks, block_size, alignment, drop_eagle)
@@ -127,6 +138,8 @@ def chunked_local_hit(
     chunk = spec.attention_chunk_size
     start_block = (max_length // chunk * chunk) // block_size
     run = _leading_true(present[start_block:num_blocks])
+    if start_block + run < num_blocks:
+        _too_few_hashes("chunked-local", start_block + run + 1, present)
     return (start_block + run) * block_size, _unknown(known, start_block, start_block + run)
 
 
@@ -134,6 +147,7 @@ def mamba_hit(
     present: BoolArray, known: BoolArray | None, block_size: int, max_length: int, alignment: int
 ) -> tuple[int, IntArray]:
     """The rightmost present block whose end is aligned (vLLM 0.26 ignores EAGLE here)."""
+    _too_few_hashes("mamba", max_length // block_size, present)
     idx = np.flatnonzero(present[: max_length // block_size])
     if idx.size and block_size != alignment:
         idx = idx[((idx + 1) * block_size) % alignment == 0]
@@ -209,7 +223,6 @@ def longest_hit(
     hit = token_len
     full_hits: dict[int, int] = {}
     verified: set[int] = set()
-    simple_hybrid = count == 2 and isinstance(spec_groups[0].spec, FullAttention)
     while True:
         cur = hit
         for i, sg in enumerate(spec_groups):
@@ -230,6 +243,6 @@ def longest_hit(
         if cur >= hit:
             break
         hit = cur
-        if simple_hybrid:
+        if not layout.multi_pass:
             break
     return HitSearch(hit, depends)

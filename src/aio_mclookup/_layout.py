@@ -243,6 +243,11 @@ class KVLayout:
         self.spec_groups: tuple[SpecGroup, ...] = tuple(
             SpecGroup(spec, tuple(ids), self.use_eagle) for spec, ids in ordered
         )
+        # vLLM's convergence loop makes a single pass for one spec-group, or for exactly two
+        # with full attention first; otherwise it repeats until the hit stops falling.
+        self.multi_pass = len(self.spec_groups) > 2 or (
+            len(self.spec_groups) == 2 and not isinstance(self.spec_groups[0].spec, FullAttention)
+        )
 
     def _rank_namespaces(self) -> tuple[tuple[int, int, int, int], ...]:
         """(tp, pcp, dcp, pp) per key namespace: PCP outermost, then TP, then PP (vLLM 0.26)."""

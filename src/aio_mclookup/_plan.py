@@ -100,6 +100,14 @@ class LookupPlan:
     def __len__(self) -> int:
         return self.num_keys
 
+    @property
+    def short(self) -> bool:
+        """Fewer hashes than ``token_len`` needs in some group (vLLM truncates, or raises)."""
+        return any(
+            p.limit < self.token_len // self.layout.groups[p.group_id].block_size
+            for p in self._groups
+        )
+
     def __repr__(self) -> str:
         return f"<LookupPlan token_len={self.token_len} keys={self.num_keys}>"
 
@@ -146,13 +154,14 @@ class LookupPlan:
     def present_keys(self, exists: Sequence[int] | npt.NDArray[Any]) -> BoolArray:
         """vLLM's rule per key: only the value ``1`` means present."""
         answers = np.asarray(exists)
-        if answers.shape != (self.num_keys,):
+        if answers.ndim != 1 or answers.shape[0] != self.num_keys:
             raise InvalidRequest(
                 f"exists must have one answer per key ({self.num_keys}), got shape "
                 f"{answers.shape}"
             )
-        if answers.dtype == object:
-            return np.fromiter((a == 1 for a in answers.tolist()), bool, self.num_keys)
+        if answers.dtype.kind not in "biuf":  # compare like Python: "1" != 1
+            values = exists.tolist() if isinstance(exists, np.ndarray) else exists
+            return np.fromiter((a == 1 for a in values), bool, self.num_keys)
         present: BoolArray = np.asarray(answers == 1, dtype=bool)
         return present
 
@@ -220,7 +229,7 @@ class ProbeState:
             self.hit = 0
             return _EMPTY
         self.rounds += 1
-        if self.rounds == 1 and any(p.shares_hashes for p in plan.groups):
+        if self.rounds == 1 and (plan.short or any(p.shares_hashes for p in plan.groups)):
             return np.arange(plan.num_keys, dtype=np.int64)
         maybe: list[BoolArray] = []
         known: list[BoolArray] = []
@@ -314,6 +323,7 @@ class _Hashes:
     def __init__(self, block_hashes: object) -> None:
         self.array: npt.NDArray[np.uint8] | None = None
         self.items: Sequence[Any] | None = None
+        self._duplicates: bool | None = None
         if isinstance(block_hashes, np.ndarray):
             if block_hashes.ndim != 2 or block_hashes.dtype != np.uint8:
                 raise InvalidRequest(
@@ -332,6 +342,20 @@ class _Hashes:
         else:
             self.items = block_hashes
             self.count = len(block_hashes)
+
+    def has_duplicates(self) -> bool:
+        """Whether two of the request's hashes are equal (computed once)."""
+        if self._duplicates is None:
+            if self.array is not None:
+                self._duplicates = _duplicate_ids(self.array, []) is not None
+            else:
+                assert self.items is not None
+                try:
+                    distinct = len(set(self.items))
+                except TypeError:  # unhashable bytes-likes (bytearray)
+                    distinct = len({bytes(h) for h in self.items})
+                self._duplicates = distinct != self.count
+        return self._duplicates
 
     def gather(self, units: IntArray) -> tuple[npt.NDArray[np.uint8] | None, list[bytes]]:
         """The hashes at ``units``: a (n, width) array when they share one width, else bytes."""
@@ -425,17 +449,18 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
         )
     probes: list[GroupProbe] = []
     offset = 0
-    single_spec = len(layout.spec_groups) == 1
+    # Where the hit search may read a chunk the mask left unprobed (a lone spec-group aligns to
+    # its own block; EAGLE groups re-run without their drop on a second pass), an unprobed
+    # chunk whose hash equals a probed one counts as that one (vLLM keys presence by hash).
+    reads_unprobed = len(layout.spec_groups) == 1 or (layout.use_eagle and layout.multi_pass)
     for gid, spec in enumerate(layout.groups):
         stride = spec.block_size // h
         limit = min(hashes.count // stride, tokens // spec.block_size)
         chunks = _probe_chunks(layout, gid, limit, tokens)
         rows, items = hashes.gather(chunks * stride + (stride - 1))
         unprobed_ids = None
-        if single_spec and 0 < chunks.size < limit:
-            # A lone spec-group aligns hits to its own block size, so an unprobed chunk whose
-            # hash equals a probed one can count (vLLM records presence per hash).
-            unprobed_ids = _unprobed_ids(hashes, stride, limit, rows, items)
+        if reads_unprobed and 0 < chunks.size < limit and hashes.has_duplicates():
+            unprobed_ids = _unprobed_ids(hashes, stride, limit, chunks, rows, items)
         probes.append(
             GroupProbe(
                 group_id=gid,
@@ -476,6 +501,7 @@ def _unprobed_ids(
     hashes: _Hashes,
     stride: int,
     limit: int,
+    probed_chunks: IntArray,
     rows: npt.NDArray[np.uint8] | None,
     items: list[bytes],
 ) -> IntArray | None:
@@ -488,4 +514,5 @@ def _unprobed_ids(
     every_rows, every_items = hashes.gather(all_units)
     every = [bytes(r) for r in every_rows] if every_rows is not None else every_items
     ids = np.array([index.get(hsh, -1) for hsh in every], dtype=np.int64)
-    return ids
+    ids[probed_chunks] = -1
+    return ids if (ids >= 0).any() else None
