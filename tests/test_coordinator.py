@@ -116,7 +116,7 @@ async def test_rpcs_are_split_at_max_keys_per_rpc() -> None:
     store = FakeStore(FULL16.plan(40000, hashes).keys)
     async with LookupCoordinator(FULL16, store, max_keys_per_rpc=1000) as coord:
         assert await coord.lookup(40000, hashes) == 40000
-    assert sorted(len(c) for c in store.calls) == [500, 1000, 1000]
+    assert len(store.calls) == 3 and max(len(c) for c in store.calls) <= 1000
     assert len({k for c in store.calls for k in c}) == 2500
 
 

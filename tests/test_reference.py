@@ -1,7 +1,7 @@
 """The vLLM 0.26 speed baseline must itself reproduce vLLM 0.26 exactly.
 
-``aio_mclookup._reference`` (the benchmarks' vLLM 0.26 baseline) is only a fair speed reference if it computes
-the same keys and hit lengths as vLLM 0.26.0. This runs it over every case of the
+``aio_mclookup._reference`` (the benchmarks' vLLM 0.26 baseline) is only a fair speed
+reference if it computes the same keys and hit lengths as vLLM 0.26.0. This runs it over every case of the
 conformance file (produced by the real vLLM code).
 """
 

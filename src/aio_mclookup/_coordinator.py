@@ -34,7 +34,7 @@ from ._errors import (
     Overloaded,
     StoreError,
 )
-from ._layout import KVLayout
+from ._layout import FullAttention, KVLayout
 from ._plan import HashInput, IntArray, LookupPlan, ProbeState
 from ._stats import CoordinatorStats
 from ._store import Store
@@ -56,10 +56,8 @@ class _Lookup:
         default_factory=lambda: np.zeros(0, dtype=bool)
     )
     waiting: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.future.done()
+    done: bool = False
+    """Settled (result, error or cancelled): answers for it are dropped."""
 
 
 _Subscriber = tuple[_Lookup, int]  # (lookup, position in its round)
@@ -88,6 +86,9 @@ class LookupCoordinator:
       present object that long. None disables the cache. See ``docs/coordinator.md``.
     * ``rounds``: probe only keys that can change the answer, in rounds (fewer keys, more
       RPC round trips); False sends every planned key in one round, as vLLM does.
+    * ``probe_window``: while the store is busy, each round probes at most this many of the
+      unknown chunks an answer rests on per spec-group (doubling every round); an idle
+      coordinator probes them all at once. None: never limit.
     * ``failure_backoff``: after a failed RPC the coordinator fails fast for this long, then
       lets one probe RPC through (doubling the pause, up to 8x, while the store stays down).
     """
@@ -108,6 +109,7 @@ class LookupCoordinator:
         cache_ttl: float | None = 5.0,
         cache_max_keys: int = 1_000_000,
         rounds: bool = True,
+        probe_window: int | None = 16,
         failure_backoff: float = 1.0,
     ) -> None:
         if not isinstance(layout, KVLayout):
@@ -122,6 +124,7 @@ class LookupCoordinator:
             ("max_pending_lookups", max_pending_lookups),
             ("max_pending_keys", max_pending_keys),
             ("cache_max_keys", cache_max_keys),
+            ("probe_window", 1 if probe_window is None else probe_window),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidRequest(f"{name} must be a positive int, got {value!r}")
@@ -143,6 +146,7 @@ class LookupCoordinator:
         self.cache_ttl = cache_ttl
         self.cache_max_keys = cache_max_keys
         self.rounds = rounds
+        self.probe_window = probe_window
         self.failure_backoff = failure_backoff
 
         self._stats = CoordinatorStats()
@@ -150,6 +154,7 @@ class LookupCoordinator:
         self._in_flight: dict[bytes, list[_Subscriber]] = {}
         self._cache: dict[bytes, float] = {}
         self._lookups: set[_Lookup] = set()
+        self._dispatch_lookups: set[_Lookup] = set()  # lookups with keys queued since dispatch
         self._pending_keys = 0
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._wake: asyncio.Event | None = None
@@ -259,9 +264,12 @@ class LookupCoordinator:
         self._lookups.add(lookup)
         self._pending_keys += plan.num_keys
         try:
+            if self.rounds and self._cache and not plan.probe_in_one_round:
+                self._prefill_from_cache(lookup)
             self._next_round(lookup)
             return await lookup.future
         finally:
+            lookup.done = True
             if not lookup.future.done():
                 lookup.future.cancel()
             elif not lookup.future.cancelled():
@@ -298,7 +306,12 @@ class LookupCoordinator:
         """Queue the keys of the lookup's next round, or settle it when none are left."""
         while not lookup.done:
             if self.rounds:
-                wanted = lookup.state.next_keys()
+                window = self.probe_window
+                if window is not None and (self._rpc_tasks or self._queued):
+                    window <<= min(lookup.state.rounds, 20)
+                else:  # an idle store: latency first, probe everything the answer rests on
+                    window = None
+                wanted = lookup.state.next_keys(window)
             elif lookup.state.rounds == 0:
                 lookup.state.rounds = 1
                 wanted = np.arange(lookup.plan.num_keys, dtype=np.int64)
@@ -308,6 +321,7 @@ class LookupCoordinator:
                 hit = lookup.state.hit
                 if hit is None:  # every key was answered in one round
                     hit = lookup.plan.resolve_present(lookup.round_present)
+                lookup.done = True
                 lookup.future.set_result(hit)
                 return
             self._stats.rounds_total += 1
@@ -350,6 +364,7 @@ class LookupCoordinator:
             subscribers.append((lookup, pos))
             stats.dedup_hits_total += 1
         if fresh:
+            self._dispatch_lookups.add(lookup)
             assert self._wake is not None
             self._wake.set()
         return lookup.waiting > 0
@@ -376,7 +391,33 @@ class LookupCoordinator:
     @staticmethod
     def _fail(lookup: _Lookup, error: BaseException) -> None:
         if not lookup.done:
+            lookup.done = True
             lookup.future.set_exception(error)
+
+    def _prefill_from_cache(self, lookup: _Lookup) -> None:
+        """Answer the full-attention chunks the positive cache knows, before the first round,
+        so the first probe starts where the cached prefix ends."""
+        plan = lookup.plan
+        spans = [
+            plan.key_span(p)
+            for p in plan.groups
+            if isinstance(plan.layout.groups[p.group_id], FullAttention) and p.chunks.size
+        ]
+        if not spans:
+            return
+        indices = np.concatenate(spans) if len(spans) > 1 else spans[0]
+        cache_get = self._cache.get
+        now = time.monotonic()
+        hits = np.fromiter(
+            (cache_get(key, 0.0) > now for key in plan.keys_at(indices)), bool, indices.size
+        )
+        k = len(plan.layout.namespaces)
+        if k > 1:
+            hits = np.repeat(hits.reshape(-1, k).all(axis=1), k)
+        count = int(hits.sum())
+        if count:
+            self._stats.cache_hits_total += count
+            lookup.state.record(indices[hits], np.ones(count, dtype=bool))
 
     def _forget(self, lookup: _Lookup) -> None:
         """Drop a finished lookup's queued probes that nobody else waits for."""
@@ -409,32 +450,25 @@ class LookupCoordinator:
         slots = self.max_rpcs_in_flight - len(self._rpc_tasks)
         if self._failures:
             slots = min(slots, 1) if not self._rpc_tasks else 0  # half-open: one probe RPC
-        lookups_in_dispatch: set[_Lookup] = set()
-        while slots > 0 and self._queued:
-            keys: list[bytes] = []
-            subscribers: list[list[_Subscriber]] = []
-            queued = self._queued
-            for key in list(queued):
-                subs = queued.pop(key)
-                live = [s for s in subs if not s[0].done]
-                if not live:
-                    continue
-                keys.append(key)
-                subscribers.append(live)
-                self._in_flight[key] = live
-                for lookup, _ in live:
-                    lookups_in_dispatch.add(lookup)
-                if len(keys) >= self.max_keys_per_rpc:
-                    break
-            if not keys:
-                break
-            task = self._loop.create_task(self._rpc(keys))
+        if slots <= 0:
+            return
+        queued = self._queued
+        keys = list(queued)
+        if len(keys) > slots * self.max_keys_per_rpc:
+            keys = keys[: slots * self.max_keys_per_rpc]
+            taken = {key: queued.pop(key) for key in keys}
+        else:
+            taken, self._queued = queued, {}
+        self._in_flight.update(taken)
+        # Split evenly over the free slots, each RPC at most max_keys_per_rpc keys.
+        count = min(slots, -(-len(keys) // self.max_keys_per_rpc))
+        size = -(-len(keys) // count)
+        for start in range(0, len(keys), size):
+            task = self._loop.create_task(self._rpc(keys[start : start + size]))
             self._rpc_tasks.add(task)
-            slots -= 1
-        if lookups_in_dispatch:
-            self._stats.dispatches_total += 1
-            self._stats.lookups_per_dispatch.observe(len(lookups_in_dispatch))
-        self._stats.pending_keys = len(self._queued)
+        self._stats.dispatches_total += 1
+        self._stats.lookups_per_dispatch.observe(len(self._dispatch_lookups))
+        self._dispatch_lookups.clear()
 
     def _fail_queued(self, now: float) -> None:
         """The store is failing: answer queued keys now instead of feeding it."""

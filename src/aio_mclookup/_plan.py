@@ -101,6 +101,17 @@ class LookupPlan:
         return self.num_keys
 
     @property
+    def probe_in_one_round(self) -> bool:
+        """Rounds cannot help: hashes repeat, or some group has fewer hashes than token_len
+        needs (vLLM's own answer may then be an error)."""
+        return self.short or any(p.shares_hashes for p in self._groups)
+
+    def key_span(self, probe: GroupProbe) -> IntArray:
+        """Every key index of one group."""
+        k = len(self.layout.namespaces)
+        return np.arange(probe.key_offset, probe.key_offset + probe.chunks.size * k)
+
+    @property
     def short(self) -> bool:
         """Fewer hashes than ``token_len`` needs in some group (vLLM truncates, or raises)."""
         return any(
@@ -220,8 +231,12 @@ class ProbeState:
         self.hit: int | None = None
         self.rounds = 0
 
-    def next_keys(self) -> IntArray:
-        """Key indices to probe next (ascending); empty once :attr:`hit` is set."""
+    def next_keys(self, window: int | None = None) -> IntArray:
+        """Key indices to probe next (ascending); empty once :attr:`hit` is set.
+
+        ``window`` caps how many of the unknown chunks each spec-group's answer rests on are
+        probed this round (the lowest first): fewer keys per round, more rounds.
+        """
         plan = self.plan
         if self.hit is not None:
             return _EMPTY
@@ -229,7 +244,7 @@ class ProbeState:
             self.hit = 0
             return _EMPTY
         self.rounds += 1
-        if self.rounds == 1 and (plan.short or any(p.shares_hashes for p in plan.groups)):
+        if self.rounds == 1 and plan.probe_in_one_round:
             return np.arange(plan.num_keys, dtype=np.int64)
         maybe: list[BoolArray] = []
         known: list[BoolArray] = []
@@ -254,6 +269,8 @@ class ProbeState:
         for sg, chunks in zip(plan.layout.spec_groups, search.depends):
             if not chunks.size:
                 continue
+            if window is not None:
+                chunks = chunks[:window]
             for gid in sg.group_ids:
                 probe = plan.groups[gid]
                 pos = chunks if probe.dense else np.searchsorted(probe.chunks, chunks)
@@ -262,7 +279,8 @@ class ProbeState:
         return np.unique(np.concatenate(wanted))
 
     def record(self, key_indices: IntArray, present: BoolArray) -> None:
-        """Record answers (True = present) for key indices from :meth:`next_keys`."""
+        """Record answers (True = present) for ascending key indices that cover whole chunks
+        (all namespaces), e.g. from :meth:`next_keys`."""
         if self.hit is not None or (self.rounds == 1 and key_indices.size == self.plan.num_keys):
             if self.hit is None:
                 self.hit = self.plan.resolve_present(present)

@@ -1,0 +1,280 @@
+"""Synthetic KV-cache workloads: what vLLM workers would have stored, and the lookups that follow.
+
+The model is a chat service seen at one instant. ``system_prompts`` shared system prompts start
+every session; each prompt then grows by ``turn_tokens`` per turn (the last answer plus the new
+user message). Each session is caught at its current turn ``c`` (uniform in ``0..turns-1``):
+its request is turn ``c``'s prompt. Block hashes are chained like vLLM's: hash ``i`` is
+``sha256(hash[i-1] + block seed)``, so sessions that share a system prompt share its full hash
+blocks exactly, and every turn's hashes start with the previous turn's.
+
+A fraction ``hit_ratio`` of the sessions is *warm*: every turn it served before ``c`` was stored
+(the keys a dense vLLM producer writes, ``layout.plan(layout.align(len), hashes).keys``), so its
+request finds the previous turn's prompt. Cold sessions stored nothing, and find at most their
+system prompt, when a warm session stored it. Every request is distinct, and nothing of a
+request's own new tokens is in the store. Everything is deterministic for a given ``seed``.
+
+:func:`build_workload` is reusable by benchmarks: it returns the keys to store and the requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import InvalidRequest
+from ._layout import FullAttention, KVLayout, SlidingWindow
+
+__all__ = [
+    "PRESETS",
+    "Request",
+    "Workload",
+    "WorkloadSpec",
+    "build_workload",
+    "preset_layout",
+]
+
+HASH_WIDTH = 32
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "chat": {
+        "model": "Qwen/Qwen3-8B",
+        "hash_block_size": 16,
+        "scheduler_block_size": 16,
+        "groups": [{"kind": "full_attention", "block_size": 16}],
+    },
+    "dsv4": {
+        "model": "deepseek-ai/DeepSeek-V4-Pro",
+        "hash_block_size": 4,
+        "scheduler_block_size": 256,
+        "groups": [
+            {"kind": "full_attention", "block_size": 256},
+            {"kind": "sliding_window", "block_size": 64, "sliding_window": 128},
+            {"kind": "sliding_window", "block_size": 4, "sliding_window": 8},
+            {"kind": "sliding_window", "block_size": 8, "sliding_window": 128},
+        ],
+    },
+}
+"""Named layouts (:meth:`KVLayout.from_dict` form): a single full-attention chat model and the
+DeepSeek-V4-like hybrid (full attention plus three sliding windows)."""
+
+
+def preset_layout(name: str) -> KVLayout:
+    """The :class:`KVLayout` of a preset; :class:`InvalidRequest` for an unknown name."""
+    try:
+        cfg = PRESETS[name]
+    except KeyError:
+        raise InvalidRequest(
+            f"unknown preset {name!r} (choose from {', '.join(sorted(PRESETS))})"
+        ) from None
+    return KVLayout.from_dict(cfg)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The knobs of a synthetic workload (token ranges are inclusive ``(low, high)``).
+
+    ``sessions`` is also the number of distinct requests (one per session, at its current turn).
+    """
+
+    sessions: int = 6000
+    turns: int = 6
+    system_prompts: int = 8
+    system_tokens: tuple[int, int] = (1000, 3000)
+    turn_tokens: tuple[int, int] = (100, 600)
+    hit_ratio: float = 0.8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("sessions", "turns", "system_prompts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidRequest(f"{name} must be a positive int, got {value!r}")
+        for name in ("system_tokens", "turn_tokens"):
+            low, high = getattr(self, name)
+            if not (isinstance(low, int) and isinstance(high, int)) or low < 0 or high < low:
+                raise InvalidRequest(f"{name} must be a range 0 <= low <= high, got {low}-{high}")
+        if not 0.0 <= self.hit_ratio <= 1.0:
+            raise InvalidRequest(f"hit_ratio must be within [0, 1], got {self.hit_ratio!r}")
+
+    @classmethod
+    def for_layout(cls, layout: KVLayout, **overrides: Any) -> WorkloadSpec:
+        """Defaults scaled to the layout: long-context hybrids (scheduler block >= 256) get
+        longer prompts and fewer sessions, so the stored keys stay under ~300k either way."""
+        if layout.scheduler_block_size >= 256:
+            base: dict[str, Any] = {
+                "sessions": 1200,
+                "system_tokens": (2000, 6000),
+                "turn_tokens": (256, 2048),
+            }
+        else:
+            base = {}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One lookup: a prompt of ``num_tokens`` tokens, looked up at ``token_len``
+    (``layout.align(num_tokens)``, as vLLM's scheduler does) with the prompt's block hashes."""
+
+    index: int
+    session: int
+    turn: int
+    num_tokens: int
+    token_len: int
+    hashes: npt.NDArray[np.uint8]
+    """The prompt's block hashes, one 32-byte row per full hash block (a view: do not mutate)."""
+    hash_list: list[bytes] = field(repr=False, compare=False)
+    """The same hashes as ``bytes`` (vLLM's own form; the seed-naive path uses it)."""
+
+
+@dataclass
+class Workload:
+    """A layout's synthetic cache and the requests to look up against it."""
+
+    layout: KVLayout
+    spec: WorkloadSpec
+    requests: list[Request]
+    stored_prefixes: list[tuple[int, npt.NDArray[np.uint8]]]
+    """``(token_len, hashes)`` of every prefix the warm sessions stored (aligned lengths)."""
+    warm_sessions: int
+
+    def store_keys(self) -> list[bytes]:
+        """Every distinct key the cache holds, in write order (what the writer puts)."""
+        seen: dict[bytes, None] = {}
+        for token_len, hashes in self.stored_prefixes:
+            seen.update(dict.fromkeys(self.layout.plan(token_len, hashes).keys))
+        return list(seen)
+
+    def iter_store_keys(self, chunk: int = 20_000) -> Iterator[list[bytes]]:
+        """:meth:`store_keys` in chunks of about ``chunk`` new keys (for progress display)."""
+        seen: set[bytes] = set()
+        batch: list[bytes] = []
+        for token_len, hashes in self.stored_prefixes:
+            for key in self.layout.plan(token_len, hashes).keys:
+                if key not in seen:
+                    seen.add(key)
+                    batch.append(key)
+            if len(batch) >= chunk:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.requests)
+
+    @property
+    def aligned_tokens(self) -> int:
+        return sum(r.token_len for r in self.requests)
+
+    def summary(self) -> dict[str, Any]:
+        """Sizes for reports (no keys are built)."""
+        lengths = np.array([r.num_tokens for r in self.requests], dtype=np.int64)
+        return {
+            "requests": len(self.requests),
+            "sessions": self.spec.sessions,
+            "warm_sessions": self.warm_sessions,
+            "stored_prefixes": len(self.stored_prefixes),
+            "prompt_tokens_mean": float(lengths.mean()) if lengths.size else 0.0,
+            "prompt_tokens_min": int(lengths.min()) if lengths.size else 0,
+            "prompt_tokens_max": int(lengths.max()) if lengths.size else 0,
+        }
+
+
+def _chain(parent: bytes, tag: bytes, count: int) -> list[bytes]:
+    """``count`` chained hashes: each is ``sha256(previous + tag + index)``."""
+    out: list[bytes] = []
+    sha = hashlib.sha256
+    pack = struct.Struct("<Q").pack
+    for i in range(count):
+        parent = sha(parent + tag + pack(i)).digest()
+        out.append(parent)
+    return out
+
+
+def _as_rows(hashes: list[bytes]) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(len(hashes), HASH_WIDTH)
+
+
+def _uniform(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
+    return int(rng.integers(bounds[0], bounds[1] + 1))
+
+
+def build_workload(layout: KVLayout, spec: WorkloadSpec) -> Workload:
+    """Build the synthetic cache and the requests (one per session, in random order).
+
+    Cost: one sha256 per hash block of each session's prompt (~1 us each); no keys are built
+    here (see :meth:`Workload.store_keys`).
+    """
+    rng = np.random.default_rng(spec.seed)
+    h = layout.hash_block_size
+    root = hashlib.sha256(b"aio-mclookup workload seed %d" % spec.seed).digest()
+    system_lengths = [_uniform(rng, spec.system_tokens) for _ in range(spec.system_prompts)]
+    system_chains = [_chain(root, b"system %d" % i, n // h) for i, n in enumerate(system_lengths)]
+    warm_flags = rng.random(spec.sessions) < spec.hit_ratio
+    requests: list[Request] = []
+    stored: list[tuple[int, npt.NDArray[np.uint8]]] = []
+    for session in range(spec.sessions):
+        system = int(rng.integers(spec.system_prompts))
+        current = int(rng.integers(spec.turns))
+        lengths: list[int] = []
+        total = system_lengths[system]
+        for _ in range(current + 1):
+            total += _uniform(rng, spec.turn_tokens)
+            lengths.append(total)
+        shared = system_chains[system]
+        own = total // h - len(shared)
+        parent = shared[-1] if shared else root
+        chain = shared + _chain(parent, b"session %d" % session, own)
+        rows = _as_rows(chain)
+        if warm_flags[session]:
+            # The turns this session already had were stored after they were served.
+            for served in lengths[:-1]:
+                aligned = layout.align(served)
+                if aligned:
+                    stored.append((aligned, rows[: served // h]))
+        num_tokens = lengths[-1]
+        requests.append(
+            Request(
+                index=-1,
+                session=session,
+                turn=current,
+                num_tokens=num_tokens,
+                token_len=layout.align(num_tokens),
+                hashes=rows[: num_tokens // h],
+                hash_list=chain[: num_tokens // h],
+            )
+        )
+    order = rng.permutation(len(requests)).tolist()
+    shuffled = [
+        Request(i, r.session, r.turn, r.num_tokens, r.token_len, r.hashes, r.hash_list)
+        for i, r in enumerate(requests[j] for j in order)
+    ]
+    return Workload(layout, spec, shuffled, stored, int(warm_flags.sum()))
+
+
+def describe_layout(layout: KVLayout) -> str:
+    """A one-line description of a layout's groups."""
+    parts = []
+    for g in layout.groups:
+        if isinstance(g, FullAttention):
+            parts.append(f"full/{g.block_size}")
+        elif isinstance(g, SlidingWindow):
+            parts.append(f"swa/{g.block_size}/W{g.sliding_window}")
+        else:
+            parts.append(f"{g.kind}/{g.block_size}")
+    return (
+        f"{layout.model} [{', '.join(parts)}] hash_block={layout.hash_block_size} "
+        f"scheduler_block={layout.scheduler_block_size}"
+    )
