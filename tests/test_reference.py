@@ -1,8 +1,8 @@
 """The vLLM 0.26 speed baseline must itself reproduce vLLM 0.26 exactly.
 
 ``aio_mclookup._reference`` (the benchmarks' vLLM 0.26 baseline) is only a fair speed
-reference if it computes the same keys and hit lengths as vLLM 0.26.0. This runs it over every case of the
-conformance file (produced by the real vLLM code).
+reference if it computes the same keys and hit lengths as vLLM 0.26.0. This runs it over
+every case of the conformance file (produced by the real vLLM code).
 """
 
 from __future__ import annotations
