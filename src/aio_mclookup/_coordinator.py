@@ -42,6 +42,7 @@ from ._store import Store
 __all__ = ["LookupCoordinator"]
 
 _UNSET: float = float("nan")
+_EAGER_KEYS = 4096  # plans up to this many keys build them all at once
 
 
 @dataclass(eq=False)
@@ -154,7 +155,8 @@ class LookupCoordinator:
         self._in_flight: dict[bytes, list[_Subscriber]] = {}
         self._cache: dict[bytes, float] = {}
         self._lookups: set[_Lookup] = set()
-        self._dispatch_lookups: set[_Lookup] = set()  # lookups with keys queued since dispatch
+        self._dispatch_lookups: set[_Lookup] = set()
+        self._admission_waiters = 0  # lookups with keys queued since dispatch
         self._pending_keys = 0
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._wake: asyncio.Event | None = None
@@ -234,13 +236,7 @@ class LookupCoordinator:
         stats.keys_planned_total += plan.num_keys
         stats.requested_tokens_total += max(plan.token_len, 0)
         try:
-            if limit is None:
-                hit = await self._run(plan)
-            else:
-                try:
-                    hit = await asyncio.wait_for(self._run(plan), limit)
-                except asyncio.TimeoutError:
-                    raise LookupTimeout(f"lookup did not finish within {limit} s") from None
+            hit = await self._run(plan, limit)
         except asyncio.CancelledError:
             stats.lookups_cancelled_total += 1
             raise
@@ -254,21 +250,31 @@ class LookupCoordinator:
         stats.lookup_seconds.observe(time.perf_counter() - started)
         return hit
 
-    async def _run(self, plan: LookupPlan) -> int:
-        """Admit, probe and resolve one plan; cleans up whatever way it ends."""
+    async def _run(self, plan: LookupPlan, limit: float | None) -> int:
+        """Admit, probe and resolve one plan within ``limit`` seconds; cleans up whatever way
+        it ends."""
         if not plan.num_keys:
             return 0
-        await self._admit(plan.num_keys)
-        assert self._loop is not None
-        lookup = _Lookup(plan, plan.probing(), self._loop.create_future())
+        loop = self._loop
+        assert loop is not None
+        deadline = None if limit is None else loop.time() + limit
+        await self._admit(plan.num_keys, deadline, limit)
+        lookup = _Lookup(plan, plan.probing(), loop.create_future())
+        timer = None
+        if deadline is not None:  # a timer, not wait_for: no extra task per lookup
+            timer = loop.call_at(deadline, self._expire, lookup, limit)
         self._lookups.add(lookup)
         self._pending_keys += plan.num_keys
         try:
+            if plan.num_keys <= _EAGER_KEYS:
+                plan.keys  # noqa: B018 - one vectorised build beats several partial ones
             if self.rounds and self._cache and not plan.probe_in_one_round:
                 self._prefill_from_cache(lookup)
             self._next_round(lookup)
             return await lookup.future
         finally:
+            if timer is not None:
+                timer.cancel()
             lookup.done = True
             if not lookup.future.done():
                 lookup.future.cancel()
@@ -277,11 +283,32 @@ class LookupCoordinator:
             self._lookups.discard(lookup)
             self._pending_keys -= plan.num_keys
             self._forget(lookup)
-            assert self._room is not None
-            async with self._room:
-                self._room.notify_all()
+            if self._admission_waiters:
+                assert self._room is not None
+                async with self._room:
+                    self._room.notify_all()
 
-    async def _admit(self, num_keys: int) -> None:
+    async def _admit(self, num_keys: int, deadline: float | None, limit: float | None) -> None:
+        if self._has_room(num_keys) and not self._admission_waiters:
+            return
+        assert self._room is not None and self._loop is not None
+        self._admission_waiters += 1
+        try:
+            if deadline is None:
+                await self._wait_for_room(num_keys)
+            else:
+                await asyncio.wait_for(
+                    self._wait_for_room(num_keys), max(0.0, deadline - self._loop.time())
+                )
+        except asyncio.TimeoutError:
+            raise LookupTimeout(f"lookup did not finish within {limit} s") from None
+        finally:
+            self._admission_waiters -= 1
+
+    def _expire(self, lookup: _Lookup, limit: float | None) -> None:
+        self._fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
+
+    async def _wait_for_room(self, num_keys: int) -> None:
         assert self._room is not None
         async with self._room:
             while not self._has_room(num_keys):
@@ -405,19 +432,28 @@ class LookupCoordinator:
         ]
         if not spans:
             return
-        indices = np.concatenate(spans) if len(spans) > 1 else spans[0]
         cache_get = self._cache.get
         now = time.monotonic()
-        hits = np.fromiter(
-            (cache_get(key, 0.0) > now for key in plan.keys_at(indices)), bool, indices.size
-        )
         k = len(plan.layout.namespaces)
-        if k > 1:
-            hits = np.repeat(hits.reshape(-1, k).all(axis=1), k)
-        count = int(hits.sum())
-        if count:
-            self._stats.cache_hits_total += count
-            lookup.state.record(indices[hits], np.ones(count, dtype=bool))
+        for span in spans:
+            # Walk the group's chunks from 0 while every namespace's key is cached; a block at
+            # a time, so a short cached prefix costs little.
+            cached = 0
+            block = 32 * k
+            while cached < span.size:
+                keys = plan.keys_at(span[cached : cached + block])
+                run = 0
+                for key in keys:
+                    if cache_get(key, 0.0) <= now:
+                        break
+                    run += 1
+                cached += run - run % k
+                if run < len(keys):
+                    break
+                block *= 4
+            if cached:
+                self._stats.cache_hits_total += cached
+                lookup.state.record(span[:cached], np.ones(cached, dtype=bool))
 
     def _forget(self, lookup: _Lookup) -> None:
         """Drop a finished lookup's queued probes that nobody else waits for."""

@@ -76,9 +76,16 @@ def full_attention_hit(
     """First-miss prefix; EAGLE drops the last block; then align down."""
     blocks = _leading_true(present[: max_length // block_size])
     depends = _unknown(known, 0, blocks)
+    return full_attention_prefix_hit(blocks, block_size, alignment, drop_eagle), depends
+
+
+def full_attention_prefix_hit(
+    blocks: int, block_size: int, alignment: int, drop_eagle: bool
+) -> int:
+    """Full attention's hit from its leading present blocks: EAGLE drops one, then align."""
     if drop_eagle and blocks:
         blocks -= 1
-    return _align_down(blocks, block_size, alignment) * block_size, depends
+    return _align_down(blocks, block_size, alignment) * block_size
 
 
 def sliding_window_hit(
@@ -207,7 +214,7 @@ def longest_hit(
 
     def note(i: int, found: IntArray) -> None:
         if found.size:
-            depends[i] = np.union1d(depends[i], found)
+            depends[i] = np.union1d(depends[i], found) if depends[i].size else found
 
     def known_of(i: int) -> BoolArray | None:
         return None if known is None else known[i]

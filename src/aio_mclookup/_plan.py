@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import InvalidRequest
-from ._hits import longest_hit
-from ._layout import ChunkedLocalAttention, SlidingWindow, window_blocks
+from ._hits import full_attention_prefix_hit, longest_hit
+from ._layout import ChunkedLocalAttention, FullAttention, SlidingWindow, window_blocks
 
 if TYPE_CHECKING:
     from ._layout import KVLayout
@@ -222,7 +222,7 @@ class ProbeState:
     computes from all keys. Plans whose chunks share hashes are probed in one round.
     """
 
-    __slots__ = ("_answered", "_present", "hit", "plan", "rounds")
+    __slots__ = ("_answered", "_known_prefix", "_present", "hit", "plan", "rounds")
 
     def __init__(self, plan: LookupPlan) -> None:
         self.plan = plan
@@ -230,6 +230,17 @@ class ProbeState:
         self._present = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
         self.hit: int | None = None
         self.rounds = 0
+        # A lone full-attention group (the common chat model) needs no general search: its
+        # answer rests on the chunks after the known-present prefix, up to the first miss.
+        layout = plan.layout
+        self._known_prefix: int | None = (
+            0
+            if len(layout.spec_groups) == 1
+            and len(plan.groups) == 1
+            and isinstance(layout.groups[0], FullAttention)
+            and not plan.probe_in_one_round
+            else None
+        )
 
     def next_keys(self, window: int | None = None) -> IntArray:
         """Key indices to probe next (ascending); empty once :attr:`hit` is set.
@@ -246,6 +257,8 @@ class ProbeState:
         self.rounds += 1
         if self.rounds == 1 and plan.probe_in_one_round:
             return np.arange(plan.num_keys, dtype=np.int64)
+        if self._known_prefix is not None:
+            return self._next_prefix_keys(window)
         maybe: list[BoolArray] = []
         known: list[BoolArray] = []
         for probe, answered, present in zip(plan.groups, self._answered, self._present):
@@ -274,9 +287,32 @@ class ProbeState:
             for gid in sg.group_ids:
                 probe = plan.groups[gid]
                 pos = chunks if probe.dense else np.searchsorted(probe.chunks, chunks)
-                keys = probe.key_offset + (pos[:, None] * k + np.arange(k)[None, :]).ravel()
-                wanted.append(keys)
-        return np.unique(np.concatenate(wanted))
+                if k == 1:
+                    wanted.append(probe.key_offset + pos)
+                else:
+                    wanted.append(
+                        probe.key_offset + (pos[:, None] * k + np.arange(k)[None, :]).ravel()
+                    )
+        # Groups own disjoint key ranges and positions are unique: sorting is enough.
+        return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
+
+    def _next_prefix_keys(self, window: int | None) -> IntArray:
+        """The lone full-attention group: probe onward from the known-present prefix."""
+        assert self._known_prefix is not None
+        probe = self.plan.groups[0]
+        answered, present = self._answered[0], self._present[0]
+        start = self._known_prefix
+        known_absent = np.flatnonzero(answered[start:] & ~present[start:])
+        stop = start + int(known_absent[0]) if known_absent.size else probe.limit
+        if start >= stop:  # exact: the prefix ends at a known miss (or at the last chunk)
+            sg = self.plan.layout.spec_groups[0]
+            block = sg.spec.block_size  # a lone spec-group aligns to its own block size
+            self.hit = full_attention_prefix_hit(start, block, block, sg.drop_eagle)
+            return _EMPTY
+        if window is not None:
+            stop = min(stop, start + window)
+        k = len(self.plan.layout.namespaces)
+        return np.arange(probe.key_offset + start * k, probe.key_offset + stop * k)
 
     def record(self, key_indices: IntArray, present: BoolArray) -> None:
         """Record answers (True = present) for ascending key indices that cover whole chunks
@@ -286,9 +322,13 @@ class ProbeState:
                 self.hit = self.plan.resolve_present(present)
             return
         k = len(self.plan.layout.namespaces)
+        single = len(self.plan.groups) == 1
         for probe, answered, chunk_present in zip(self.plan.groups, self._answered, self._present):
-            lo = int(np.searchsorted(key_indices, probe.key_offset))
-            hi = int(np.searchsorted(key_indices, probe.key_offset + probe.chunks.size * k))
+            if single:
+                lo, hi = 0, key_indices.size
+            else:
+                lo = int(np.searchsorted(key_indices, probe.key_offset))
+                hi = int(np.searchsorted(key_indices, probe.key_offset + probe.chunks.size * k))
             if hi <= lo:
                 continue
             local = key_indices[lo:hi] - probe.key_offset
@@ -296,6 +336,11 @@ class ProbeState:
             got = present[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else present[lo:hi]
             answered[pos] = True
             chunk_present[pos] = got
+        if self._known_prefix is not None:
+            answered, chunk_present = self._answered[0], self._present[0]
+            start = self._known_prefix
+            not_known = np.flatnonzero(~(answered[start:] & chunk_present[start:]))
+            self._known_prefix = start + int(not_known[0]) if not_known.size else answered.size
 
 
 def _concat_keys(
