@@ -322,6 +322,9 @@ class ProbeState:
                 self.hit = self.plan.resolve_present(present)
             return
         k = len(self.plan.layout.namespaces)
+        if self._known_prefix is not None and key_indices.size:
+            self._record_prefix(int(key_indices[0]), present, k)
+            return
         single = len(self.plan.groups) == 1
         for probe, answered, chunk_present in zip(self.plan.groups, self._answered, self._present):
             if single:
@@ -336,11 +339,19 @@ class ProbeState:
             got = present[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else present[lo:hi]
             answered[pos] = True
             chunk_present[pos] = got
-        if self._known_prefix is not None:
-            answered, chunk_present = self._answered[0], self._present[0]
-            start = self._known_prefix
-            not_known = np.flatnonzero(~(answered[start:] & chunk_present[start:]))
-            self._known_prefix = start + int(not_known[0]) if not_known.size else answered.size
+
+    def _record_prefix(self, first_key: int, present: BoolArray, k: int) -> None:
+        """The lone full-attention group: answers always cover a contiguous key range."""
+        first = (first_key - self.plan.groups[0].key_offset) // k
+        got = present.reshape(-1, k).all(axis=1) if k > 1 else present
+        answered, chunk_present = self._answered[0], self._present[0]
+        answered[first : first + got.size] = True
+        chunk_present[first : first + got.size] = got
+        start = self._known_prefix
+        assert start is not None
+        if first <= start < first + got.size:
+            misses = np.flatnonzero(~(answered[start:] & chunk_present[start:]))
+            self._known_prefix = start + int(misses[0]) if misses.size else answered.size
 
 
 def _concat_keys(
