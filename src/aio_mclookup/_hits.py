@@ -107,9 +107,12 @@ def sliding_window_hit(
     blocks = -1
     depends = _NONE
     if window.size and openers.size:
-        counts = np.concatenate(([0], np.cumsum(window, dtype=np.int64)))
         candidates = openers[openers >= need - 1]
-        full = (counts[candidates + 1] - counts[candidates + 1 - need]) == need
+        if candidates.size * need <= window.size:  # test just the candidate windows
+            full = window[candidates[:, None] - np.arange(need)[None, :]].all(axis=1)
+        else:
+            counts = np.concatenate(([0], np.cumsum(window, dtype=np.int64)))
+            full = (counts[candidates + 1] - counts[candidates + 1 - need]) == need
         if full.any():
             opener = int(candidates[int(np.argmax(full))])
             blocks = opener + 1
@@ -125,13 +128,15 @@ def sliding_window_hit(
 
 
 def _openers(num_blocks: int, block_size: int, alignment: int, drop_eagle: bool) -> IntArray:
-    """Blocks that may open a run, highest first."""
-    if block_size == alignment:
+    """Blocks that may open a run, highest first: those whose right edge (left edge with
+    EAGLE) is a multiple of ``alignment`` (always a multiple of the block size here)."""
+    step = alignment // block_size
+    if num_blocks <= 0:
+        return _NONE
+    if step == 1:
         return np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
-    idx = np.arange(num_blocks, dtype=np.int64)
-    edges = idx if drop_eagle else idx + 1
-    openers: IntArray = idx[(edges * block_size) % alignment == 0][::-1]
-    return openers
+    top = (num_blocks - 1) // step * step if drop_eagle else num_blocks // step * step - 1
+    return np.arange(top, -1, -step, dtype=np.int64)
 
 
 def chunked_local_hit(
@@ -182,7 +187,7 @@ def spec_group_hit(
     return mamba_hit(present, known, spec.block_size, max_length, alignment)
 
 
-@dataclass
+@dataclass(slots=True)
 class HitSearch:
     """The outcome of :func:`longest_hit`: the hit, and per spec-group the unknown chunks it
     depends on (all empty when presence was fully known: the hit is then exact)."""

@@ -38,6 +38,12 @@ def _positive_int(name: str, value: object) -> int:
     return int(value)
 
 
+def _check_sizes(spec: object) -> None:
+    """Validate a group spec's sizes and store them as plain ints (numpy ints included)."""
+    for f in dataclasses.fields(spec):  # type: ignore[arg-type]
+        object.__setattr__(spec, f.name, _positive_int(f.name, getattr(spec, f.name)))
+
+
 @dataclass(frozen=True)
 class FullAttention:
     """A full-attention KV-cache group (also MLA): every chunk is a candidate."""
@@ -46,7 +52,7 @@ class FullAttention:
     kind: ClassVar[str] = "full_attention"
 
     def __post_init__(self) -> None:
-        _positive_int("block_size", self.block_size)
+        _check_sizes(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "block_size": self.block_size}
@@ -62,8 +68,7 @@ class SlidingWindow:
     kind: ClassVar[str] = "sliding_window"
 
     def __post_init__(self) -> None:
-        _positive_int("block_size", self.block_size)
-        _positive_int("sliding_window", self.sliding_window)
+        _check_sizes(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,8 +88,7 @@ class ChunkedLocalAttention:
     kind: ClassVar[str] = "chunked_local"
 
     def __post_init__(self) -> None:
-        _positive_int("block_size", self.block_size)
-        _positive_int("attention_chunk_size", self.attention_chunk_size)
+        _check_sizes(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,7 +107,7 @@ class Mamba:
     kind: ClassVar[str] = "mamba"
 
     def __post_init__(self) -> None:
-        _positive_int("block_size", self.block_size)
+        _check_sizes(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "block_size": self.block_size}
@@ -232,6 +236,9 @@ class KVLayout:
             else None
             for ps in self.prefix_bytes
         )
+        # Probed chunk indices per (group, chunk limit, token_len): lengths repeat.
+        self.probe_cache: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
+        self.has_chunked_local = any(isinstance(g, ChunkedLocalAttention) for g in self.groups)
         self.has_full_attention = any(isinstance(g, FullAttention) for g in self.groups)
         # Merge identical specs (first-appearance order), then put full attention first
         # (a stable sort, as vLLM's coordinator does). With use_eagle and no group flagged,

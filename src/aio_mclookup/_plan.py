@@ -33,7 +33,7 @@ BoolArray = npt.NDArray[np.bool_]
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)
 class GroupProbe:
     """What a plan probes in one KV-cache group.
 
@@ -74,12 +74,13 @@ class LookupPlan:
 
     __slots__ = ("_groups", "_keys", "layout", "num_keys", "token_len")
 
-    def __init__(self, layout: KVLayout, token_len: int, groups: tuple[GroupProbe, ...]) -> None:
+    def __init__(
+        self, layout: KVLayout, token_len: int, groups: tuple[GroupProbe, ...], num_keys: int
+    ) -> None:
         self.layout = layout
         self.token_len = token_len
         self._groups = groups
-        k = len(layout.namespaces)
-        self.num_keys = sum(g.chunks.size for g in groups) * k
+        self.num_keys = num_keys
         self._keys: list[bytes] | None = None
 
     @property
@@ -434,7 +435,7 @@ class _Hashes:
     def gather(self, units: IntArray) -> tuple[npt.NDArray[np.uint8] | None, list[bytes]]:
         """The hashes at ``units``: a (n, width) array when they share one width, else bytes."""
         if self.array is not None:
-            return self.array[units], []
+            return self.array.take(units, axis=0), []
         assert self.items is not None
         if units.size == 0:
             return np.zeros((0, 0), dtype=np.uint8), []
@@ -456,6 +457,19 @@ class _Hashes:
 
 
 def _probe_chunks(layout: KVLayout, gid: int, limit: int, token_len: int) -> IntArray:
+    """Chunk indices a group probes (cached per layout: request lengths repeat)."""
+    cache = layout.probe_cache
+    key = (gid, limit, token_len)
+    chunks = cache.get(key)
+    if chunks is None:
+        if len(cache) >= 256:
+            cache.pop(next(iter(cache)))
+        chunks = cache[key] = _masked_chunks(layout, gid, limit, token_len)
+        chunks.flags.writeable = False
+    return chunks
+
+
+def _masked_chunks(layout: KVLayout, gid: int, limit: int, token_len: int) -> IntArray:
     """Chunk indices a group probes: all of them, or a sliding window's masked-in tails."""
     spec = layout.groups[gid]
     if not isinstance(spec, SlidingWindow):
@@ -508,7 +522,7 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
     tokens = _check_token_len(token_len)
     hashes = _Hashes(block_hashes)
     if tokens <= 0 or hashes.count == 0:
-        return LookupPlan(layout, tokens, ())
+        return LookupPlan(layout, tokens, (), 0)
     sched = layout.scheduler_block_size
     if tokens % sched:
         raise InvalidRequest(
@@ -548,9 +562,9 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
             )
         )
         offset += chunks.size * len(layout.namespaces)
-    if offset:
+    if offset and layout.has_chunked_local:
         _check_supported(layout)
-    return LookupPlan(layout, tokens, tuple(probes))
+    return LookupPlan(layout, tokens, tuple(probes), offset)
 
 
 def _check_supported(layout: KVLayout) -> None:

@@ -1,0 +1,410 @@
+"""LookupPlan: request validation, key assembly, resolve, and the hashes planning touches."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+import pytest
+
+from aio_mclookup import (
+    FullAttention,
+    InvalidRequest,
+    KVLayout,
+    Mamba,
+    SlidingWindow,
+)
+from aio_mclookup._reference import BaselineLookup
+
+
+def _hashes(n: int) -> list[bytes]:
+    return [b"h%d" % i for i in range(n)]
+
+
+def _full16(**kw: Any) -> KVLayout:
+    return KVLayout([FullAttention(16)], model="test-model", hash_block_size=16,
+                    scheduler_block_size=16, **kw)
+
+
+def _seed_layout(**kw: Any) -> KVLayout:
+    """The issue's config: full attention B=32 + sliding window B=8/W=8, h=8, L=32."""
+    return KVLayout([FullAttention(32), SlidingWindow(8, 8)], model="test-model",
+                    hash_block_size=8, scheduler_block_size=32, **kw)
+
+
+def _dsv4(**kw: Any) -> KVLayout:
+    return KVLayout(
+        [FullAttention(256), SlidingWindow(64, 128), SlidingWindow(4, 8), SlidingWindow(8, 128)],
+        model="deepseek-ai/DeepSeek-V4-Pro", hash_block_size=4, scheduler_block_size=256, **kw,
+    )
+
+
+def _ref_keys(layout: KVLayout, token_len: int, hashes: Sequence[bytes]) -> list[str]:
+    return BaselineLookup(layout.to_dict()).build_keys(token_len, hashes)[0]
+
+
+def _decoded(keys: list[bytes]) -> list[str]:
+    return [k.decode("ascii") for k in keys]
+
+
+# ---------------------------------------------------------------------------- token_len
+@pytest.mark.parametrize("bad", [True, False, 48.0, "48", None, 4.8e1, [48]])
+def test_token_len_must_be_an_int(bad: Any) -> None:
+    with pytest.raises(InvalidRequest, match="token_len"):
+        _full16().plan(bad, _hashes(3))
+
+
+def test_token_len_numpy_int_is_accepted() -> None:
+    plan = _full16().plan(np.int64(48), _hashes(3))
+    assert plan.num_keys == 3 and plan.token_len == 48 and type(plan.token_len) is int
+
+
+@pytest.mark.parametrize("token_len", [40, 8, 17, 100])
+def test_unaligned_token_len_with_hashes_is_refused(token_len: int) -> None:
+    with pytest.raises(InvalidRequest, match="multiple of scheduler_block_size"):
+        _full16().plan(token_len, _hashes(10))
+    with pytest.raises(ValueError):
+        _seed_layout().plan(token_len if token_len % 32 else token_len + 8, _hashes(16))
+
+
+@pytest.mark.parametrize("hashes", [[], (), np.zeros((0, 32), dtype=np.uint8),
+                                    np.zeros((4, 0), dtype=np.uint8)])
+def test_no_hashes_gives_no_keys(hashes: Any) -> None:
+    for token_len in (40, 48, 0, -16, 13):
+        plan = _full16().plan(token_len, hashes)
+        assert plan.keys == [] and plan.num_keys == 0 and len(plan) == 0
+        assert plan.resolve([]) == 0
+        assert plan.resolve(np.zeros(0, dtype=np.int64)) == 0
+
+
+@pytest.mark.parametrize("token_len", [0, -16, -1, -17])
+def test_non_positive_token_len_gives_no_keys(token_len: int) -> None:
+    for layout in (_full16(), _seed_layout(), _dsv4()):
+        plan = layout.plan(token_len, _hashes(64))
+        assert plan.keys == []
+        assert plan.resolve([]) == 0
+        state = plan.probing()
+        assert state.next_keys().size == 0 and state.hit == 0
+
+
+def test_no_candidate_keys_resolves_to_zero() -> None:
+    """Hashes for less than one chunk of every group: no keys, hit 0 (vLLM: no RPC)."""
+    layout = KVLayout([FullAttention(64)], model="m", hash_block_size=16, scheduler_block_size=64)
+    plan = layout.plan(128, _hashes(3))
+    assert plan.keys == [] and plan.resolve([]) == 0
+
+
+# ------------------------------------------------------------------------------ hashes
+@pytest.mark.parametrize(("bad", "pos"), [(5, 1), ("h1", 1), (None, 2), (1.5, 0), ([1, 2], 2)])
+def test_non_bytes_hash_is_refused_naming_its_index(bad: Any, pos: int) -> None:
+    hashes: list[Any] = _hashes(3)
+    hashes[pos] = bad
+    with pytest.raises(InvalidRequest, match=rf"block_hashes\[{pos}\]"):
+        _full16().plan(48, hashes)
+
+
+@pytest.mark.parametrize("bad", [b"h0h1", "h0h1", bytearray(b"ab"), memoryview(b"ab"), 3, None,
+                                 {b"a": 1}, {b"a", b"b"}])
+def test_block_hashes_must_be_a_sequence(bad: Any) -> None:
+    with pytest.raises(InvalidRequest):
+        _full16().plan(32, bad)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.zeros((4, 2, 16), dtype=np.uint8),  # 3-D
+        np.zeros((4, 16), dtype=np.float32),  # float
+        np.zeros((4, 16), dtype=np.float64),
+        np.zeros((4, 16), dtype=np.int64),  # not uint8
+        np.zeros((4, 16), dtype=np.int8),
+        np.zeros(64, dtype=np.uint8),  # 1-D
+        np.array([b"a" * 16] * 4, dtype=object),
+        np.array([b"a" * 16] * 4),  # |S16
+    ],
+)
+def test_bad_hash_arrays_are_refused(array: np.ndarray) -> None:
+    with pytest.raises(InvalidRequest, match="block_hashes"):
+        _full16().plan(64, array)
+
+
+def test_too_few_hashes_without_full_attention_is_refused() -> None:
+    swa = KVLayout([SlidingWindow(16, 32)], model="m", hash_block_size=16, scheduler_block_size=16)
+    with pytest.raises(InvalidRequest, match="hashes"):
+        swa.plan(64, _hashes(3))
+    assert swa.plan(64, _hashes(4)).num_keys == 4
+    hybrid = KVLayout([SlidingWindow(8, 8), Mamba(32)], model="m", hash_block_size=8,
+                      scheduler_block_size=32)
+    with pytest.raises(InvalidRequest):
+        hybrid.plan(96, _hashes(11))
+    with pytest.raises(InvalidRequest):
+        hybrid.plan(96, np.zeros((11, 32), dtype=np.uint8))
+
+
+def test_full_attention_truncates_to_the_hashes_given() -> None:
+    """C2: full16 with 3 hashes for 64 tokens -> 3 keys, hit 48."""
+    plan = _full16().plan(64, _hashes(3))
+    assert plan.num_keys == 3
+    assert plan.resolve([1, 1, 1]) == 48
+    seed = _seed_layout()
+    for n in range(13):
+        plan = seed.plan(96, _hashes(n))
+        assert _decoded(plan.keys) == _ref_keys(seed, 96, _hashes(n))
+        assert plan.num_keys == (n // 4) + len([i for i in (3, 7, 11) if i < n])
+        if n:
+            assert plan.groups[0].limit == n // 4
+
+
+def test_hashes_beyond_token_len_are_ignored() -> None:
+    plan = _seed_layout().plan(64, _hashes(40))
+    assert _decoded(plan.keys) == _ref_keys(_seed_layout(), 64, _hashes(40))
+    assert plan.num_keys == 4
+
+
+def test_mixed_hash_widths_give_vllm_keys() -> None:
+    rng = random.Random(3)
+    for layout in (_full16(tp_size=2, num_kv_heads=2), _seed_layout(), _dsv4()):
+        token_len = layout.scheduler_block_size * 4
+        n = token_len // layout.hash_block_size
+        hashes = [rng.randbytes(rng.choice([1, 2, 16, 32])) for _ in range(n)]
+        plan = layout.plan(token_len, hashes)
+        assert _decoded(plan.keys) == _ref_keys(layout, token_len, hashes)
+        idx = np.array(sorted(rng.sample(range(plan.num_keys), plan.num_keys // 2)))
+        assert layout.plan(token_len, hashes).keys_at(idx) == [plan.keys[i] for i in idx]
+
+
+def test_hash_widths_16_and_32() -> None:
+    for width in (16, 32, 1, 64):
+        hashes = [bytes([i]) * width for i in range(12)]
+        plan = _seed_layout().plan(96, hashes)
+        assert _decoded(plan.keys) == _ref_keys(_seed_layout(), 96, hashes)
+        assert all(len(k.rsplit(b"@", 1)[1]) == 2 * width for k in plan.keys)
+
+
+class BlockHash(bytes):
+    """vLLM's BlockHash is a bytes subclass."""
+
+
+def test_bytes_subclasses_and_bytes_likes_are_accepted() -> None:
+    raw = [bytes([i, 255 - i]) * 8 for i in range(12)]
+    want = _ref_keys(_seed_layout(), 96, raw)
+    hashes: Any
+    for hashes in (
+        [BlockHash(h) for h in raw],
+        tuple(raw),
+        [bytearray(h) for h in raw],
+        [memoryview(h) for h in raw],
+    ):
+        plan = _seed_layout().plan(96, hashes)
+        assert _decoded(plan.keys) == want
+        assert plan.resolve([1] * plan.num_keys) == 96
+
+
+def test_hash_array_forms() -> None:
+    rng = np.random.default_rng(5)
+    rows = rng.integers(0, 256, size=(24, 32), dtype=np.uint8)
+    as_list = [bytes(r) for r in rows]
+    layout = _seed_layout(tp_size=2, num_kv_heads=2)
+    want = layout.plan(96, as_list[:12]).keys
+    assert layout.plan(96, rows[:12]).keys == want
+    assert layout.plan(96, np.asfortranarray(rows[:12])).keys == want
+    strided = np.empty((12, 64), dtype=np.uint8)
+    strided[:, ::2] = rows[:12]
+    assert layout.plan(96, strided[:, ::2]).keys == want  # non-contiguous rows
+    assert layout.plan(96, rows[::2]).keys == layout.plan(96, as_list[::2]).keys
+    assert layout.plan(96, rows[:, :16]).keys == layout.plan(96, [r[:16] for r in as_list]).keys
+
+
+# -------------------------------------------------------------------------------- keys
+def test_keys_are_ascii_bytes_in_vllm_order() -> None:
+    plan = _seed_layout().plan(96, _hashes(12))
+    assert all(type(k) is bytes and k.isascii() for k in plan.keys)
+    assert _decoded(plan.keys) == [
+        "test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@6833",
+        "test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@6837",
+        "test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@683131",
+        "test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:1@6833",
+        "test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:1@6837",
+        "test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:1@683131",
+    ]
+    assert plan.keys is plan.keys  # assembled once
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        _full16(),
+        _seed_layout(tp_size=4, num_kv_heads=4, pp_size=2),
+        _dsv4(cache_prefix="depA"),
+        # prefixes of different widths (tp_rank:9 vs tp_rank:10)
+        KVLayout([FullAttention(16), SlidingWindow(16, 16)], model="m", hash_block_size=16,
+                 scheduler_block_size=16, tp_size=12, num_kv_heads=12),
+    ],
+)
+def test_keys_at_matches_keys(layout: KVLayout) -> None:
+    rng = np.random.default_rng(11)
+    token_len = layout.scheduler_block_size * 8
+    n = token_len // layout.hash_block_size
+    hashes = [bytes(r) for r in rng.integers(0, 256, size=(n, 32), dtype=np.uint8)]
+    full = layout.plan(token_len, hashes)
+    keys = full.keys
+    assert _decoded(keys) == _ref_keys(layout, token_len, hashes)
+    for size in (0, 1, 5, 63, 64, 200, full.num_keys):
+        size = min(size, full.num_keys)
+        idx = np.sort(rng.choice(full.num_keys, size=size, replace=False)).astype(np.int64)
+        want = [keys[i] for i in idx.tolist()]
+        assert layout.plan(token_len, hashes).keys_at(idx) == want  # before keys are assembled
+        assert full.keys_at(idx) == want  # after
+    arr = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(n, 32)
+    idx = np.arange(0, full.num_keys, 3, dtype=np.int64)
+    assert layout.plan(token_len, arr).keys_at(idx) == [keys[i] for i in idx.tolist()]
+
+
+# ------------------------------------------------------------------------------ resolve
+@pytest.mark.parametrize("exists", [[1, 1], [1, 1, 1, 1], [], None, [[1, 1, 1]], 1])
+def test_resolve_with_wrong_shape_is_refused(exists: Any) -> None:
+    plan = _full16().plan(48, _hashes(3))
+    with pytest.raises(InvalidRequest):
+        plan.resolve(exists)
+
+
+def test_resolve_with_wrong_length_array_is_refused() -> None:
+    plan = _seed_layout().plan(96, _hashes(12))
+    for n in (0, 5, 7, 12):
+        with pytest.raises(InvalidRequest):
+            plan.resolve(np.ones(n, dtype=np.int64))
+    with pytest.raises(InvalidRequest):
+        plan.resolve(np.ones((6, 1), dtype=np.int64))
+
+
+@pytest.mark.parametrize("value", [0, -1, -900, -901, 2, True, False, 1, 255, -(2**40)])
+def test_resolve_never_raises_on_store_values(value: Any) -> None:
+    cases = ((_full16(), 48, 3), (_seed_layout(), 96, 12), (_dsv4(), 1024, 256))
+    for layout, token_len, n in cases:
+        plan = layout.plan(token_len, _hashes(n))
+        hit = plan.resolve([value] * plan.num_keys)
+        assert hit == (token_len if value == 1 else 0)
+        mixed = [value if i % 2 else 1 for i in range(plan.num_keys)]
+        ref = BaselineLookup(layout.to_dict())
+        _, meta = ref.build_keys(token_len, _hashes(n))
+        assert plan.resolve(mixed) == ref.resolve(token_len, _hashes(n), meta, mixed)
+        assert plan.resolve(np.array(mixed)) == plan.resolve(mixed)
+
+
+def test_resolve_accepts_numpy_dtypes() -> None:
+    plan = _seed_layout().plan(96, _hashes(12))
+    answers = [1, 0, 0, 1, 0, 0]
+    for dtype in (np.int8, np.int32, np.int64, np.uint8, np.float64, np.bool_):
+        assert plan.resolve(np.array(answers, dtype=dtype)) == 32
+    assert plan.resolve(tuple(answers)) == 32
+    assert plan.resolve_present(np.array(answers, dtype=bool)) == 32
+
+
+# -------------------------------------------------------------- the seed regression (issue)
+class RecordingHashes(Sequence[bytes]):
+    """A Sequence that records every index read, by item, slice or iteration."""
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        self._items = list(items)
+        self.accessed: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            positions = list(range(*index.indices(len(self._items))))
+            self.accessed.extend(positions)
+            return [self._items[i] for i in positions]
+        pos = index.__index__()
+        if pos < 0:
+            pos += len(self._items)
+        self.accessed.append(pos)
+        item: bytes = self._items[pos]
+        return item
+
+    def __iter__(self) -> Iterator[bytes]:
+        for pos in range(len(self._items)):
+            self.accessed.append(pos)
+            yield self._items[pos]
+
+    def __reversed__(self) -> Iterator[bytes]:
+        for pos in reversed(range(len(self._items))):
+            self.accessed.append(pos)
+            yield self._items[pos]
+
+
+class Poison:
+    """A hash that must never be touched: any use raises."""
+
+    def _boom(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a masked hash was used")
+
+    __len__ = __bytes__ = __hash__ = __eq__ = __ne__ = __lt__ = __iter__ = _boom
+    __buffer__ = __getitem__ = __index__ = __int__ = __bool__ = __repr__ = __str__ = _boom
+    hex = _boom
+
+
+def test_seed_regression_reads_only_masked_in_hashes() -> None:
+    """Full B=32 + SWA B=8/W=8, h=8, L=32, token_len=96, 12 hashes: planning reads hash indices
+    3, 7 and 11 only (vLLM 0.26 test_lookup_applies_swa_mask_before_accessing_hashes)."""
+    hashes = RecordingHashes(_hashes(12))
+    plan = _seed_layout().plan(96, hashes)
+    keys = plan.keys
+    assert set(hashes.accessed) <= {3, 7, 11}
+    assert set(hashes.accessed) == {3, 7, 11}
+    assert len(keys) == 6
+    assert [k.rsplit(b"@", 1)[1] for k in keys] == [b"6833", b"6837", b"683131"] * 2
+    # resolving reads nothing more
+    assert plan.resolve([1, 0, 0, 1, 0, 0]) == 32
+    assert set(hashes.accessed) == {3, 7, 11}
+    # nor does probing in rounds
+    state = plan.probing()
+    while (idx := state.next_keys()).size:
+        state.record(idx, np.array([1, 0, 0, 1, 0, 0], dtype=bool)[idx])
+    assert state.hit == 32
+    assert set(hashes.accessed) == {3, 7, 11}
+
+
+def test_seed_regression_with_longer_hash_list() -> None:
+    """16 hashes for 96 tokens: 0.24/0.25 also read index 15 (and 0-12); 0.26 and we do not."""
+    hashes = RecordingHashes(_hashes(16))
+    plan = _seed_layout().plan(96, hashes)
+    assert plan.num_keys == 6
+    assert set(hashes.accessed) == {3, 7, 11}
+
+
+def test_masked_hashes_cost_nothing() -> None:
+    """The same plan with every masked hash replaced by an object that raises on any use."""
+    real = _hashes(12)
+    poisoned: list[Any] = [h if i in (3, 7, 11) else Poison() for i, h in enumerate(real)]
+    plan = _seed_layout().plan(96, poisoned)
+    assert plan.keys == _seed_layout().plan(96, real).keys
+    for exists in ([1, 0, 0, 1, 0, 0], [1] * 6, [0] * 6, [1, 1, 0, 1, 1, 1]):
+        assert plan.resolve(exists) == _seed_layout().plan(96, real).resolve(exists)
+
+
+def test_masked_hashes_cost_nothing_dsv4() -> None:
+    """DSv4-like at 4,096 tokens: only the full group's chunk ends and the SWA tails are read."""
+    layout = _dsv4()
+    n = 4096 // 4
+    hashes = RecordingHashes([bytes([i % 256, i // 256]) * 16 for i in range(n)])
+    plan = layout.plan(4096, hashes)
+    wanted = {
+        int(c) * (g.block_size // 4) + g.block_size // 4 - 1
+        for probe, g in zip(plan.groups, layout.groups)
+        for c in probe.chunks
+    }
+    assert set(hashes.accessed) == wanted
+    assert plan.num_keys == 16 + 32 + 32 + 256
+    assert len(wanted) == 272  # distinct hash indices behind those 336 keys, of 1,024
+    poisoned: list[Any] = [h if i in wanted else Poison() for i, h in enumerate(hashes._items)]
+    assert layout.plan(4096, poisoned).keys == plan.keys
