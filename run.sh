@@ -48,7 +48,8 @@ case "$command" in
     bench)
         ensure_system_packages; ensure_venv
         .venv/bin/python benchmarks/bench_plan.py
-        exec .venv/bin/python benchmarks/bench_coalesce.py ;;
+        .venv/bin/python benchmarks/bench_coalesce.py
+        exec .venv/bin/python benchmarks/bench_loadgen.py ;;
     setup)
         ensure_system_packages; ensure_venv ;;
     *)

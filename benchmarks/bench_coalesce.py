@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
-import os
-import platform
 import random
 import statistics
 import sys
@@ -34,6 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+if __package__:
+    from . import _timing
+else:  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _timing  # type: ignore[no-redef,import-not-found]
 
 from aio_mclookup import KVLayout, LocalMaster, MooncakeStore, StoreWriter
 from aio_mclookup._loadgen import (
@@ -46,8 +49,6 @@ from aio_mclookup._loadgen import (
 )
 from aio_mclookup._workload import Request, WorkloadSpec, preset_layout
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "bench_coalesce"
 
 
@@ -173,26 +174,8 @@ def table(results: dict[str, dict[str, dict[str, float]]], scenarios: list[Scena
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return (f"{os.cpu_count()} vCPU {cpu}, Python {platform.python_version()}, "
-            f"numpy {np.__version__}")
-
-
-def write_section(text: str) -> None:
-    start, end = f"<!-- {SECTION}:start -->", f"<!-- {SECTION}:end -->"
-    block = f"{start}\n{text}\n{end}"
-    current = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    if start in current and end in current:
-        before, rest = current.split(start, 1)
-        current = before + block + rest.split(end, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + block + "\n"
-    DOC.write_text(current)
+    m = _timing.machine()
+    return f"{m['nproc']} vCPU {m['cpu']}, {m['python']}, numpy {m['numpy']}"
 
 
 async def main_async(args: argparse.Namespace) -> str:
@@ -247,7 +230,7 @@ def main() -> int:
         text = asyncio.run(main_async(args))
     print(text)
     if not args.no_write:
-        write_section(text)
+        _timing.write_section(SECTION, text)
     return 0
 
 
