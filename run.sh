@@ -49,6 +49,7 @@ case "$command" in
         ensure_system_packages; ensure_venv
         .venv/bin/python benchmarks/bench_plan.py
         .venv/bin/python benchmarks/bench_coalesce.py
+        .venv/bin/python benchmarks/bench_knobs.py
         exec .venv/bin/python benchmarks/bench_loadgen.py ;;
     setup)
         ensure_system_packages; ensure_venv ;;
