@@ -401,3 +401,82 @@ async def test_vllm_index_error_case_fails_only_its_caller(rounds: bool) -> None
         )
     assert isinstance(results[0], mcl.InvalidRequest)
     assert results[1] == expected(layout, store, 64, ok)
+
+
+async def test_caller_cancelled_as_its_rpc_fails_leaves_others_and_keys_usable() -> None:
+    """Regression (review): Task.cancel() settles the future before the lookup's task runs
+    again; the failed RPC's fan-out must not trip over it."""
+
+    class GatedFailingStore(FakeStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+
+        async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
+            await self.gate.wait()
+            raise mcl.StoreError("boom", code=-900)
+
+    store = GatedFailingStore()
+    async with LookupCoordinator(FULL16, store, failure_backoff=0.01) as coord:
+        ta = asyncio.ensure_future(coord.lookup(64, chain(4, b"a")))
+        tb = asyncio.ensure_future(coord.lookup(64, chain(4, b"b")))
+        await asyncio.sleep(0.01)
+        store.gate.set()
+        ta.cancel()  # same loop iteration as the RPC's failure
+        with pytest.raises(mcl.StoreError):
+            await asyncio.wait_for(tb, 2)
+        assert not coord._in_flight
+        await asyncio.sleep(0.02)
+        with pytest.raises(mcl.StoreError):  # its keys are not stranded
+            await asyncio.wait_for(coord.lookup(64, chain(4, b"b")), 2)
+        assert coord._dispatcher is not None and not coord._dispatcher.done()
+    with pytest.raises(asyncio.CancelledError):
+        await ta
+
+
+async def test_store_raising_cancelled_error_is_a_store_failure() -> None:
+    class CancellingStore(FakeStore):
+        async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
+            raise asyncio.CancelledError()
+
+    async with LookupCoordinator(FULL16, CancellingStore()) as coord:
+        with pytest.raises(mcl.StoreError):
+            await asyncio.wait_for(coord.lookup(64, chain(4, b"c")), 2)
+        assert not coord._in_flight
+
+
+async def test_admission_is_first_come_first_served() -> None:
+    """A big lookup waiting for room is not starved by small ones that would fit."""
+    store = FakeStore(delay=0.002)
+    async with LookupCoordinator(FULL16, store, max_pending_keys=8, cache_ttl=None) as coord:
+        stop = False
+        counter = iter(range(10**9))
+
+        async def small_client() -> None:
+            while not stop:
+                await coord.lookup(64, chain(4, b"s%d" % next(counter)))
+
+        clients = [asyncio.ensure_future(small_client()) for _ in range(3)]
+        await asyncio.sleep(0.02)
+        big = asyncio.ensure_future(coord.lookup(160, chain(10, b"big")))
+        assert await asyncio.wait_for(big, 2) == 0
+        stop = True
+        await asyncio.wait_for(asyncio.gather(*clients), 2)
+
+
+async def test_healthy_again_once_the_failure_pause_is_over() -> None:
+    store = FakeStore()
+    store.fail_with = -900
+    async with LookupCoordinator(FULL16, store, failure_backoff=0.05) as coord:
+        with pytest.raises(mcl.StoreError):
+            await coord.lookup(64, chain(4, b"h"))
+        assert not coord.healthy and not coord.stats().store_healthy
+        await asyncio.sleep(0.06)
+        assert coord.healthy
+
+
+async def test_per_call_timeout_is_validated() -> None:
+    async with LookupCoordinator(FULL16, FakeStore()) as coord:
+        for bad in (0, -1, float("nan")):
+            with pytest.raises(mcl.InvalidRequest):
+                await coord.lookup(64, chain(4, b"t"), timeout=bad)

@@ -16,8 +16,10 @@ Data flow of one ``await coordinator.lookup(...)``:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,8 @@ from ._stats import CoordinatorStats
 from ._store import Store
 
 __all__ = ["LookupCoordinator"]
+
+logger = logging.getLogger("aio_mclookup")
 
 _UNSET: float = float("nan")
 _EAGER_KEYS = 4096  # plans up to this many keys build them all at once
@@ -156,7 +160,7 @@ class LookupCoordinator:
         self._cache: dict[bytes, float] = {}
         self._lookups: set[_Lookup] = set()
         self._dispatch_lookups: set[_Lookup] = set()
-        self._admission_waiters = 0  # lookups with keys queued since dispatch
+        self._admission_queue: collections.deque[object] = collections.deque()  # FIFO tickets
         self._pending_keys = 0
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._wake: asyncio.Event | None = None
@@ -231,6 +235,8 @@ class LookupCoordinator:
             raise ClosedError("the coordinator is closed")
         self._start()
         limit = self.timeout if timeout is _UNSET else timeout
+        if limit is not None and not limit > 0:
+            raise InvalidRequest(f"timeout must be > 0 or None, got {limit!r}")
         started = time.perf_counter()
         stats = self._stats
         stats.keys_planned_total += plan.num_keys
@@ -283,43 +289,53 @@ class LookupCoordinator:
             self._lookups.discard(lookup)
             self._pending_keys -= plan.num_keys
             self._forget(lookup)
-            if self._admission_waiters:
+            if self._admission_queue:
                 assert self._room is not None
                 async with self._room:
                     self._room.notify_all()
 
     async def _admit(self, num_keys: int, deadline: float | None, limit: float | None) -> None:
-        if self._has_room(num_keys) and not self._admission_waiters:
+        """Admission in arrival order: while anyone waits, newcomers queue behind them."""
+        if not self._admission_queue and self._has_room(num_keys):
             return
+        if self.when_full == "raise":
+            raise Overloaded(
+                f"{len(self._lookups)} lookups / {self._pending_keys} keys pending "
+                f"(max {self.max_pending_lookups} / {self.max_pending_keys})"
+            )
         assert self._room is not None and self._loop is not None
-        self._admission_waiters += 1
+        ticket = object()
+        self._admission_queue.append(ticket)
         try:
             if deadline is None:
-                await self._wait_for_room(num_keys)
+                await self._wait_for_room(ticket, num_keys)
             else:
                 await asyncio.wait_for(
-                    self._wait_for_room(num_keys), max(0.0, deadline - self._loop.time())
+                    self._wait_for_room(ticket, num_keys),
+                    max(0.0, deadline - self._loop.time()),
                 )
         except asyncio.TimeoutError:
             raise LookupTimeout(f"lookup did not finish within {limit} s") from None
         finally:
-            self._admission_waiters -= 1
+            self._admission_queue.remove(ticket)
+            if self._admission_queue:  # the next in line may fit now
+                self._loop.create_task(self._wake_waiters())
 
-    def _expire(self, lookup: _Lookup, limit: float | None) -> None:
-        self._fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
-
-    async def _wait_for_room(self, num_keys: int) -> None:
+    async def _wait_for_room(self, ticket: object, num_keys: int) -> None:
         assert self._room is not None
         async with self._room:
-            while not self._has_room(num_keys):
-                if self.when_full == "raise":
-                    raise Overloaded(
-                        f"{len(self._lookups)} lookups / {self._pending_keys} keys pending "
-                        f"(max {self.max_pending_lookups} / {self.max_pending_keys})"
-                    )
+            while not (self._admission_queue[0] is ticket and self._has_room(num_keys)):
                 await self._room.wait()
                 if self._closed:
                     raise ClosedError("the coordinator was closed")
+
+    async def _wake_waiters(self) -> None:
+        assert self._room is not None
+        async with self._room:
+            self._room.notify_all()
+
+    def _expire(self, lookup: _Lookup, limit: float | None) -> None:
+        self._fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
 
     def _has_room(self, num_keys: int) -> bool:
         if not self._lookups:
@@ -331,7 +347,7 @@ class LookupCoordinator:
 
     def _next_round(self, lookup: _Lookup) -> None:
         """Queue the keys of the lookup's next round, or settle it when none are left."""
-        while not lookup.done:
+        while not lookup.done and not lookup.future.done():
             if self.rounds:
                 window = self.probe_window
                 if window is not None and (self._rpc_tasks or self._queued):
@@ -349,7 +365,8 @@ class LookupCoordinator:
                 if hit is None:  # every key was answered in one round
                     hit = lookup.plan.resolve_present(lookup.round_present)
                 lookup.done = True
-                lookup.future.set_result(hit)
+                if not lookup.future.done():
+                    lookup.future.set_result(hit)
                 return
             self._stats.rounds_total += 1
             lookup.round_keys = wanted
@@ -417,9 +434,10 @@ class LookupCoordinator:
 
     @staticmethod
     def _fail(lookup: _Lookup, error: BaseException) -> None:
-        if not lookup.done:
-            lookup.done = True
+        # A cancelled caller's future is done before its task marks the lookup done.
+        if not lookup.done and not lookup.future.done():
             lookup.future.set_exception(error)
+        lookup.done = True
 
     def _prefill_from_cache(self, lookup: _Lookup) -> None:
         """Answer the full-attention chunks the positive cache knows, before the first round,
@@ -472,7 +490,10 @@ class LookupCoordinator:
             self._wake.clear()
             if self.linger:
                 await asyncio.sleep(self.linger)
-            self._dispatch()
+            try:
+                self._dispatch()
+            except Exception:  # the dispatcher must outlive any bug in one dispatch
+                logger.exception("aio_mclookup: dispatch failed")
 
     def _dispatch(self) -> None:
         """Send queued keys while RPC slots are free; fail fast while the store is down."""
@@ -509,6 +530,7 @@ class LookupCoordinator:
     def _fail_queued(self, now: float) -> None:
         """The store is failing: answer queued keys now instead of feeding it."""
         queued, self._queued = self._queued, {}
+        self._dispatch_lookups.clear()
         code = self._last_code
         for key, subscribers in queued.items():
             self._settle_failed(key, subscribers, code, "store unavailable; failing fast")
@@ -539,9 +561,13 @@ class LookupCoordinator:
             answers = await self.store.batch_is_exist(keys)
             if len(answers) != len(keys):
                 raise StoreError(f"store answered {len(answers)} values for {len(keys)} keys")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)
+            if cancelling is None or cancelling():
+                raise  # we are being cancelled (aclose): it settles every caller
+            error = StoreError(f"store call was cancelled: {exc!r}")  # the store's own doing
+        except Exception as exc:  # noqa: BLE001 - any store failure reaches its callers
             error = exc
         finally:
             stats.rpc_seconds.observe(time.perf_counter() - started)
@@ -591,8 +617,11 @@ class LookupCoordinator:
     # ---------------------------------------------------------------------- observability
     @property
     def healthy(self) -> bool:
-        """False while the coordinator fails fast after store errors."""
-        return not self._failures and not self._closed
+        """False while the coordinator fails fast after store errors (and once closed); once
+        the pause is over it lets a probe RPC through and counts as healthy again."""
+        if self._closed:
+            return False
+        return not self._failures or time.monotonic() >= self._retry_at
 
     def stats(self) -> CoordinatorStats:
         """A snapshot of counters and histograms (see :class:`CoordinatorStats`)."""

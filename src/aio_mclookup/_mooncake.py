@@ -227,7 +227,8 @@ class _ClientThread:
         while the master is down). ``close()`` holds the GIL (~0.3-2 s): close at shut-down only.
         """
         fut = self._begin_close()
-        await asyncio.wrap_future(fut)
+        # Shielded: a caller that stops waiting must not cancel the close job itself.
+        await asyncio.shield(asyncio.wrap_future(fut))
 
     async def __aenter__(self: _Self) -> _Self:
         await self.open()

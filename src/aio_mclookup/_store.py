@@ -33,8 +33,9 @@ class FakeStore:
     """In-process FAKE store for unit tests and examples: a set of present keys, no Mooncake.
 
     It records every call (``calls``) so tests can check batching. ``delay`` adds latency per call;
-    ``fail_with`` makes the next calls fail: an int answers every key with that code (as a failed
-    Mooncake RPC does), an exception is raised.
+    ``fail_with`` makes the next calls fail: an int raises :class:`StoreError` with that code
+    (what :class:`MooncakeStore` raises when Mooncake answers every key with one error code),
+    an exception is raised as it is.
     """
 
     def __init__(self, present: Iterable[Key] = (), *, delay: float = 0.0) -> None:
