@@ -567,7 +567,7 @@ class LookupCoordinator:
             if cancelling is None or cancelling():
                 raise  # we are being cancelled (aclose): it settles every caller
             error = StoreError(f"store call was cancelled: {exc!r}")  # the store's own doing
-        except Exception as exc:  # noqa: BLE001 - any store failure reaches its callers
+        except Exception as exc:
             error = exc
         finally:
             stats.rpc_seconds.observe(time.perf_counter() - started)
