@@ -49,21 +49,12 @@ else:  # run as a script
 
 from aio_mclookup import KVLayout
 from aio_mclookup._reference import BaselineLookup
+from aio_mclookup._workload import PRESETS
 
 SECTION = "bench_plan"
 SCRIPT = Path(__file__).resolve()
 
-DSV4 = {
-    "model": "deepseek-ai/DeepSeek-V4-Pro",
-    "hash_block_size": 4,
-    "scheduler_block_size": 256,
-    "groups": [
-        {"kind": "full_attention", "block_size": 256},
-        {"kind": "sliding_window", "block_size": 64, "sliding_window": 128},
-        {"kind": "sliding_window", "block_size": 4, "sliding_window": 8},
-        {"kind": "sliding_window", "block_size": 8, "sliding_window": 128},
-    ],
-}
+DSV4 = PRESETS["dsv4"]  # full 256, SWA 64/W128, SWA 4/W8, SWA 8/W128; h=4, L=256
 WORKLOADS: dict[str, dict[str, Any]] = {
     "W1": {
         "title": "W1 single full B=16, h=L=16, 4,096 tok",

@@ -4,7 +4,6 @@ failures, cancellation, timeouts, backpressure and close; on asyncio and on uvlo
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup import FakeStore, KVLayout, LookupCoordinator
+from helpers import chain
 
 CASES = [
     json.loads(line)
@@ -28,13 +28,6 @@ CASES = [
 ]
 
 
-def chain(n: int, seed: bytes) -> list[bytes]:
-    """Chained 32-byte hashes, like vLLM's block hashes."""
-    out, parent = [], hashlib.sha256(seed).digest()
-    for i in range(n):
-        parent = hashlib.sha256(parent + i.to_bytes(4, "little")).digest()
-        out.append(parent)
-    return out
 
 
 FULL16 = KVLayout([mcl.FullAttention(16)], model="org/chat", hash_block_size=16,

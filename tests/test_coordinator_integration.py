@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 import time
 
@@ -12,6 +11,7 @@ import pytest
 
 import aio_mclookup as mcl
 from aio_mclookup import KVLayout, LocalMaster, LookupCoordinator, MooncakeStore, StoreWriter
+from helpers import chain
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,6 @@ CHAT = KVLayout([mcl.FullAttention(16)], model="Qwen/Qwen3-8B", hash_block_size=
                 scheduler_block_size=16, cache_prefix="it")
 
 
-def chain(n: int, seed: bytes) -> list[bytes]:
-    out, parent = [], hashlib.sha256(seed).digest()
-    for i in range(n):
-        parent = hashlib.sha256(parent + i.to_bytes(4, "little")).digest()
-        out.append(parent)
-    return out
 
 
 def requests_for(layout: KVLayout, docs: list[list[bytes]], count: int, seed: int
