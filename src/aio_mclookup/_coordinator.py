@@ -265,7 +265,7 @@ class LookupCoordinator:
         assert loop is not None
         deadline = None if limit is None else loop.time() + limit
         await self._admit(plan.num_keys, deadline, limit)
-        lookup = _Lookup(plan, plan.probing(), loop.create_future())
+        lookup = _Lookup(plan, plan.probing(self.rounds), loop.create_future())
         timer = None
         if deadline is not None:  # a timer, not wait_for: no extra task per lookup
             timer = loop.call_at(deadline, self._expire, lookup, limit)
@@ -347,26 +347,19 @@ class LookupCoordinator:
 
     def _next_round(self, lookup: _Lookup) -> None:
         """Queue the keys of the lookup's next round, or settle it when none are left."""
+        state = lookup.state
         while not lookup.done and not lookup.future.done():
-            if self.rounds:
-                window = self.probe_window
-                if window is not None and (self._rpc_tasks or self._queued):
-                    window <<= min(lookup.state.rounds, 20)
-                else:  # an idle store: latency first, probe everything the answer rests on
-                    window = None
-                wanted = lookup.state.next_keys(window)
-            elif lookup.state.rounds == 0:
-                lookup.state.rounds = 1
-                wanted = np.arange(lookup.plan.num_keys, dtype=np.int64)
-            else:
-                wanted = np.zeros(0, dtype=np.int64)
+            window = self.probe_window
+            if window is not None and (self._rpc_tasks or self._queued):
+                window <<= min(state.rounds, 20)
+            else:  # an idle store: latency first, probe everything the answer rests on
+                window = None
+            wanted = state.next_keys(window)
             if not wanted.size:
-                hit = lookup.state.hit
-                if hit is None:  # every key was answered in one round
-                    hit = lookup.plan.resolve_present(lookup.round_present)
+                assert state.hit is not None
                 lookup.done = True
                 if not lookup.future.done():
-                    lookup.future.set_result(hit)
+                    lookup.future.set_result(state.hit)
                 return
             self._stats.rounds_total += 1
             lookup.round_keys = wanted
@@ -374,8 +367,7 @@ class LookupCoordinator:
             lookup.waiting = wanted.size
             if self._subscribe(lookup, lookup.plan.keys_at(wanted)):
                 return  # answers will arrive from the store
-            if self.rounds:
-                lookup.state.record(lookup.round_keys, lookup.round_present)
+            state.record(lookup.round_keys, lookup.round_present)
 
     def _subscribe(self, lookup: _Lookup, keys: Sequence[bytes]) -> bool:
         """Answer what the cache knows, join shared probes, queue the rest.
@@ -426,8 +418,7 @@ class LookupCoordinator:
         """A round is answered: record it and go on. Runs inside a shared RPC task, so a
         failure (vLLM's own IndexError cases surface as InvalidRequest) ends only this lookup."""
         try:
-            if self.rounds:
-                lookup.state.record(lookup.round_keys, lookup.round_present)
+            lookup.state.record(lookup.round_keys, lookup.round_present)
             self._next_round(lookup)
         except Exception as exc:
             self._fail(lookup, exc if isinstance(exc, Error) else StoreError(repr(exc)))

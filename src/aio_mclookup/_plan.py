@@ -209,9 +209,10 @@ class LookupPlan:
             presence.append(arr)
         return presence
 
-    def probing(self) -> ProbeState:
-        """Start probing this plan in rounds (see :class:`ProbeState`)."""
-        return ProbeState(self)
+    def probing(self, rounds: bool = True) -> ProbeState:
+        """Start probing this plan in rounds, or every key in one round (see
+        :class:`ProbeState`)."""
+        return ProbeState(self, rounds)
 
 
 class ProbeState:
@@ -223,10 +224,11 @@ class ProbeState:
     computes from all keys. Plans whose chunks share hashes are probed in one round.
     """
 
-    __slots__ = ("_answered", "_known_prefix", "_present", "hit", "plan", "rounds")
+    __slots__ = ("_all_at_once", "_answered", "_known_prefix", "_present", "hit", "plan", "rounds")
 
-    def __init__(self, plan: LookupPlan) -> None:
+    def __init__(self, plan: LookupPlan, rounds: bool = True) -> None:
         self.plan = plan
+        self._all_at_once = not rounds or plan.probe_in_one_round
         self._answered = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
         self._present = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
         self.hit: int | None = None
@@ -239,7 +241,7 @@ class ProbeState:
             if len(layout.spec_groups) == 1
             and len(plan.groups) == 1
             and isinstance(layout.groups[0], FullAttention)
-            and not plan.probe_in_one_round
+            and not self._all_at_once
             else None
         )
 
@@ -256,7 +258,7 @@ class ProbeState:
             self.hit = 0
             return _EMPTY
         self.rounds += 1
-        if self.rounds == 1 and plan.probe_in_one_round:
+        if self.rounds == 1 and self._all_at_once:
             return np.arange(plan.num_keys, dtype=np.int64)
         if self._known_prefix is not None:
             return self._next_prefix_keys(window)

@@ -47,16 +47,6 @@ class Histogram:
             out.append(running)
         return out
 
-    def quantile(self, q: float) -> float:
-        """An upper-bound estimate of the q-quantile (the bucket bound it falls in)."""
-        if not self.count:
-            return 0.0
-        target = q * self.count
-        for bound, cum in zip((*self.buckets, float("inf")), self.cumulative()):
-            if cum >= target:
-                return bound
-        return float("inf")
-
 
 @dataclass
 class CoordinatorStats:
