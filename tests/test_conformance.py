@@ -100,7 +100,7 @@ def test_case_in_rounds(case: dict[str, Any]) -> None:
     state = plan.probing()
     probed: set[int] = set()
     while True:
-        idx = state.next_keys()
+        idx = np.asarray(state.next_keys())  # as an array, whatever next_keys gives
         if not idx.size:
             break
         assert not probed.intersection(idx.tolist())

@@ -178,14 +178,14 @@ def probe_in_rounds(plan: LookupPlan, answers: Sequence[int]) -> int:
     seen: set[int] = set()
     for _ in range(10_000):
         idx = state.next_keys()
-        if not idx.size:
+        if not len(idx):
             break
-        got = idx.tolist()
+        got = np.asarray(idx).tolist()
         assert got == sorted(set(got)), "next_keys must be ascending and unique"
         assert got[0] >= 0 and got[-1] < plan.num_keys
         assert not seen & set(got), "a key was probed twice"
         seen.update(got)
-        state.record(idx, present[idx])
+        state.record(idx, present[got].tolist())  # a list, as the coordinator passes
     else:  # pragma: no cover
         raise AssertionError("probing did not converge")
     assert state.hit is not None

@@ -86,7 +86,7 @@ def test_non_positive_token_len_gives_no_keys(token_len: int) -> None:
         assert plan.keys == []
         assert plan.resolve([]) == 0
         state = plan.probing()
-        assert state.next_keys().size == 0 and state.hit == 0
+        assert len(state.next_keys()) == 0 and state.hit == 0
 
 
 def test_no_candidate_keys_resolves_to_zero() -> None:
@@ -260,6 +260,33 @@ def test_keys_at_matches_keys(layout: KVLayout) -> None:
     arr = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(n, 32)
     idx = np.arange(0, full.num_keys, 3, dtype=np.int64)
     assert layout.plan(token_len, arr).keys_at(idx) == [keys[i] for i in idx.tolist()]
+    span = range(full.num_keys // 3, full.num_keys - 1)  # contiguous runs come as ranges
+    assert layout.plan(token_len, hashes).keys_at(span) == keys[span.start : span.stop]
+    assert full.keys_at(span) == keys[span.start : span.stop]
+
+
+@pytest.mark.parametrize("eagle", [False, True])
+def test_prefix_probing_accepts_answers_in_any_order(eagle: bool) -> None:
+    """A lone full-attention plan is probed in ranges from its known prefix; answers recorded
+    out of that order still give resolve's hit."""
+    layout = _full16(use_eagle=eagle, tp_size=2, num_kv_heads=2)
+    plan = layout.plan(160, _hashes(10))  # 10 chunks x 2 namespaces
+    for miss in (None, 0, 3, 9):
+        present = np.ones(20, dtype=bool)
+        if miss is not None:
+            present[2 * miss + 1] = False
+        want = plan.resolve(present.astype(int))
+        state = plan.probing()
+        state.record(range(12, 20), present[12:20].tolist())  # a later run first
+        state.record(np.array([4, 5]), present[4:6])
+        while len(idx := state.next_keys(window=2)):
+            state.record(idx, present[np.asarray(idx)].tolist())
+        assert state.hit == want
+        in_order = plan.probing()
+        while len(idx := in_order.next_keys(window=3)):
+            assert isinstance(idx, range)
+            in_order.record(idx, present[np.asarray(idx)].tolist())
+        assert in_order.hit == want
 
 
 # ------------------------------------------------------------------------------ resolve
@@ -368,7 +395,7 @@ def test_seed_regression_reads_only_masked_in_hashes() -> None:
     assert set(hashes.accessed) == {3, 7, 11}
     # nor does probing in rounds
     state = plan.probing()
-    while (idx := state.next_keys()).size:
+    while len(idx := state.next_keys()):
         state.record(idx, np.array([1, 0, 0, 1, 0, 0], dtype=bool)[idx])
     assert state.hit == 32
     assert set(hashes.accessed) == {3, 7, 11}

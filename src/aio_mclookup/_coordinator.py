@@ -21,13 +21,11 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-import numpy.typing as npt
-
+from ._cache import PositiveCache
 from ._errors import (
     ClosedError,
     Error,
@@ -37,7 +35,7 @@ from ._errors import (
     StoreError,
 )
 from ._layout import FullAttention, KVLayout
-from ._plan import HashInput, IntArray, LookupPlan, ProbeState
+from ._plan import HashInput, KeyIndices, LookupPlan, ProbeState
 from ._stats import CoordinatorStats
 from ._store import Store
 
@@ -56,11 +54,11 @@ class _Lookup:
     plan: LookupPlan
     state: ProbeState
     future: asyncio.Future[int]
-    round_keys: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    round_present: npt.NDArray[np.bool_] = field(
-        default_factory=lambda: np.zeros(0, dtype=bool)
-    )
+    round_keys: KeyIndices = range(0)
+    round_present: list[bool] = field(default_factory=list)
     waiting: int = 0
+    cached_prefix: bool = False
+    """The cache knew a prefix: the chunk after it was probed lately and was likely absent."""
     done: bool = False
     """Settled (result, error or cancelled): answers for it are dropped."""
 
@@ -157,7 +155,7 @@ class LookupCoordinator:
         self._stats = CoordinatorStats()
         self._queued: dict[bytes, list[_Subscriber]] = {}
         self._in_flight: dict[bytes, list[_Subscriber]] = {}
-        self._cache: dict[bytes, float] = {}
+        self._cache = None if cache_ttl is None else PositiveCache(cache_ttl, cache_max_keys)
         self._lookups: set[_Lookup] = set()
         self._dispatch_lookups: set[_Lookup] = set()
         self._admission_queue: collections.deque[object] = collections.deque()  # FIFO tickets
@@ -275,7 +273,7 @@ class LookupCoordinator:
             if plan.num_keys <= _EAGER_KEYS:
                 plan.keys  # noqa: B018 - one vectorised build beats several partial ones
             if self.rounds and self._cache and not plan.probe_in_one_round:
-                self._prefill_from_cache(lookup)
+                self._prefill_from_cache(lookup, self._cache)
             self._next_round(lookup)
             return await lookup.future
         finally:
@@ -351,11 +349,15 @@ class LookupCoordinator:
         while not lookup.done and not lookup.future.done():
             window = self.probe_window
             if window is not None and (self._rpc_tasks or self._queued):
-                window <<= min(state.rounds, 20)
+                if lookup.cached_prefix and not state.rounds:
+                    window = 1  # test the likely miss alone first
+                else:
+                    window <<= min(state.rounds, 20)
             else:  # an idle store: latency first, probe everything the answer rests on
                 window = None
             wanted = state.next_keys(window)
-            if not wanted.size:
+            count = len(wanted)
+            if not count:
                 assert state.hit is not None
                 lookup.done = True
                 if not lookup.future.done():
@@ -363,8 +365,8 @@ class LookupCoordinator:
                 return
             self._stats.rounds_total += 1
             lookup.round_keys = wanted
-            lookup.round_present = np.zeros(wanted.size, dtype=bool)
-            lookup.waiting = wanted.size
+            lookup.round_present = [False] * count
+            lookup.waiting = count
             if self._subscribe(lookup, lookup.plan.keys_at(wanted)):
                 return  # answers will arrive from the store
             state.record(lookup.round_keys, lookup.round_present)
@@ -375,21 +377,19 @@ class LookupCoordinator:
         Returns True when some answers are still to come.
         """
         stats = self._stats
-        cache = self._cache
-        now = time.monotonic() if cache else 0.0
+        cached: Container[bytes] = ()
+        if self._cache:
+            self._cache.expire(time.monotonic())
+            cached = self._cache.members
         queued = self._queued
         in_flight = self._in_flight
-        fresh = 0
+        present = lookup.round_present
+        fresh = hits = 0
         for pos, key in enumerate(keys):
-            if cache:
-                expiry = cache.get(key)
-                if expiry is not None:
-                    if expiry > now:
-                        stats.cache_hits_total += 1
-                        lookup.round_present[pos] = True
-                        lookup.waiting -= 1
-                        continue
-                    del cache[key]
+            if key in cached:
+                present[pos] = True
+                hits += 1
+                continue
             subscribers = in_flight.get(key)
             if subscribers is None:
                 subscribers = queued.get(key)
@@ -399,6 +399,8 @@ class LookupCoordinator:
                     continue
             subscribers.append((lookup, pos))
             stats.dedup_hits_total += 1
+        stats.cache_hits_total += hits
+        lookup.waiting -= hits
         if fresh:
             self._dispatch_lookups.add(lookup)
             assert self._wake is not None
@@ -430,39 +432,34 @@ class LookupCoordinator:
             lookup.future.set_exception(error)
         lookup.done = True
 
-    def _prefill_from_cache(self, lookup: _Lookup) -> None:
+    def _prefill_from_cache(self, lookup: _Lookup, cache: PositiveCache) -> None:
         """Answer the full-attention chunks the positive cache knows, before the first round,
         so the first probe starts where the cached prefix ends."""
         plan = lookup.plan
-        spans = [
-            plan.key_span(p)
-            for p in plan.groups
-            if isinstance(plan.layout.groups[p.group_id], FullAttention) and p.chunks.size
-        ]
-        if not spans:
-            return
-        cache_get = self._cache.get
-        now = time.monotonic()
+        cache.expire(time.monotonic())
         k = len(plan.layout.namespaces)
-        for span in spans:
-            # Walk the group's chunks from 0 while every namespace's key is cached; a block at
-            # a time, so a short cached prefix costs little.
-            cached = 0
-            block = 32 * k
-            while cached < span.size:
-                keys = plan.keys_at(span[cached : cached + block])
-                run = 0
-                for key in keys:
-                    if cache_get(key, 0.0) <= now:
+        for probe in plan.groups:
+            if not probe.chunks.size or not isinstance(
+                plan.layout.groups[probe.group_id], FullAttention
+            ):
+                continue
+            span = plan.key_span(probe)
+            if plan.num_keys <= _EAGER_KEYS:  # built: scan at C speed up to the first miss
+                run = cache.leading(itertools.islice(plan.keys, span.start, span.stop))
+            else:  # walk a block at a time, so a short cached prefix costs little
+                run, block = 0, 32 * k
+                while run < len(span):
+                    stop = min(span.stop, span.start + run + block)
+                    got = cache.leading(plan.keys_at(range(span.start + run, stop)))
+                    run += got
+                    if span.start + run < stop:
                         break
-                    run += 1
-                cached += run - run % k
-                if run < len(keys):
-                    break
-                block *= 4
+                    block *= 4
+            cached = run - run % k
             if cached:
+                lookup.cached_prefix = True
                 self._stats.cache_hits_total += cached
-                lookup.state.record(span[:cached], np.ones(cached, dtype=bool))
+                lookup.state.record(range(span.start, span.start + cached), [True] * cached)
 
     def _forget(self, lookup: _Lookup) -> None:
         """Drop a finished lookup's queued probes that nobody else waits for."""
@@ -577,19 +574,13 @@ class LookupCoordinator:
                     self._settle_failed(key, subscribers, code, f"store RPC failed: {error}")
             return
         self._record_success()
-        cache = self._cache if self.cache_ttl is not None else None
-        expiry = sent_at + (self.cache_ttl or 0.0)
-        for key, answer in zip(keys, answers):
-            present = answer == 1
+        present = [answer == 1 for answer in answers]
+        if self._cache is not None:  # before the fan-out: next rounds may read it
+            self._cache.add(list(itertools.compress(keys, present)), sent_at)
+        for key, is_present in zip(keys, present):
             subscribers = in_flight.pop(key, None)
-            if present and cache is not None:
-                cache[key] = expiry
             if subscribers:
-                self._answer(subscribers, present)
-        if cache is not None and len(cache) > self.cache_max_keys:
-            excess = len(cache) - self.cache_max_keys + self.cache_max_keys // 10
-            for key in list(itertools.islice(cache, excess)):  # oldest first
-                del cache[key]
+                self._answer(subscribers, is_present)
 
     def _record_failure(self, error: BaseException | None) -> None:
         stats = self._stats

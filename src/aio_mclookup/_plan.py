@@ -24,11 +24,13 @@ from ._layout import ChunkedLocalAttention, FullAttention, SlidingWindow, window
 if TYPE_CHECKING:
     from ._layout import KVLayout
 
-__all__ = ["HashInput", "LookupPlan", "build_plan"]
+__all__ = ["HashInput", "KeyIndices", "LookupPlan", "ProbeState", "build_plan"]
 
 HashInput = Sequence[bytes] | npt.NDArray[np.uint8]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+KeyIndices = IntArray | range
+"""Key indices of a plan: an ascending array, or a contiguous ``range``."""
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -107,10 +109,10 @@ class LookupPlan:
         needs (vLLM's own answer may then be an error)."""
         return self.short or any(p.shares_hashes for p in self._groups)
 
-    def key_span(self, probe: GroupProbe) -> IntArray:
+    def key_span(self, probe: GroupProbe) -> range:
         """Every key index of one group."""
         k = len(self.layout.namespaces)
-        return np.arange(probe.key_offset, probe.key_offset + probe.chunks.size * k)
+        return range(probe.key_offset, probe.key_offset + probe.chunks.size * k)
 
     @property
     def short(self) -> bool:
@@ -123,10 +125,14 @@ class LookupPlan:
     def __repr__(self) -> str:
         return f"<LookupPlan token_len={self.token_len} keys={self.num_keys}>"
 
-    def keys_at(self, indices: IntArray) -> list[bytes]:
+    def keys_at(self, indices: KeyIndices) -> list[bytes]:
         """The keys at ascending key indices (without assembling the others)."""
         if self._keys is not None:
+            if isinstance(indices, range):
+                return self._keys[indices.start : indices.stop]
             return [self._keys[i] for i in indices.tolist()]
+        if isinstance(indices, range):
+            indices = np.arange(indices.start, indices.stop, dtype=np.int64)
         k = len(self.layout.namespaces)
         out: list[bytes] = []
         for probe in self._groups:
@@ -222,30 +228,36 @@ class ProbeState:
     as present; the unknown chunks that answer rests on are probed next. Every hit rule is
     monotone, so once no answer rests on an unknown chunk the hit is exactly the one vLLM
     computes from all keys. Plans whose chunks share hashes are probed in one round.
+
+    A lone full-attention group (the common chat model) needs no search: its answer rests on
+    the chunks after the known-present prefix, up to the first miss. That case is tracked with
+    one integer and probed in contiguous ``range`` s of key indices.
     """
 
-    __slots__ = ("_all_at_once", "_answered", "_known_prefix", "_present", "hit", "plan", "rounds")
+    __slots__ = ("_all_at_once", "_answered", "_prefix", "_present", "hit", "plan", "rounds")
 
     def __init__(self, plan: LookupPlan, rounds: bool = True) -> None:
         self.plan = plan
         self._all_at_once = not rounds or plan.probe_in_one_round
-        self._answered = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
-        self._present = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
         self.hit: int | None = None
         self.rounds = 0
-        # A lone full-attention group (the common chat model) needs no general search: its
-        # answer rests on the chunks after the known-present prefix, up to the first miss.
         layout = plan.layout
-        self._known_prefix: int | None = (
-            0
-            if len(layout.spec_groups) == 1
+        self._prefix: int | None = None
+        """Prefix mode: how many chunks from 0 are known present (None: the general search)."""
+        self._answered: list[BoolArray] = []
+        self._present: list[BoolArray] = []
+        if (
+            len(layout.spec_groups) == 1
             and len(plan.groups) == 1
             and isinstance(layout.groups[0], FullAttention)
             and not self._all_at_once
-            else None
-        )
+        ):
+            self._prefix = 0
+        else:
+            self._answered = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
+            self._present = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
 
-    def next_keys(self, window: int | None = None) -> IntArray:
+    def next_keys(self, window: int | None = None) -> KeyIndices:
         """Key indices to probe next (ascending); empty once :attr:`hit` is set.
 
         ``window`` caps how many of the unknown chunks each spec-group's answer rests on are
@@ -259,8 +271,8 @@ class ProbeState:
             return _EMPTY
         self.rounds += 1
         if self.rounds == 1 and self._all_at_once:
-            return np.arange(plan.num_keys, dtype=np.int64)
-        if self._known_prefix is not None:
+            return range(plan.num_keys)
+        if self._prefix is not None:
             return self._next_prefix_keys(window)
         maybe: list[BoolArray] = []
         known: list[BoolArray] = []
@@ -299,62 +311,81 @@ class ProbeState:
         # Groups own disjoint key ranges and positions are unique: sorting is enough.
         return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
 
-    def _next_prefix_keys(self, window: int | None) -> IntArray:
-        """The lone full-attention group: probe onward from the known-present prefix."""
-        assert self._known_prefix is not None
+    def _next_prefix_keys(self, window: int | None) -> KeyIndices:
+        """Prefix mode: the chunks after the known-present prefix (at most ``window``)."""
+        assert self._prefix is not None
         probe = self.plan.groups[0]
-        answered, present = self._answered[0], self._present[0]
-        start = self._known_prefix
-        known_absent = np.flatnonzero(answered[start:] & ~present[start:])
-        stop = start + int(known_absent[0]) if known_absent.size else probe.limit
-        if start >= stop:  # exact: the prefix ends at a known miss (or at the last chunk)
-            sg = self.plan.layout.spec_groups[0]
-            block = sg.spec.block_size  # a lone spec-group aligns to its own block size
-            self.hit = full_attention_prefix_hit(start, block, block, sg.drop_eagle)
+        start = self._prefix
+        if start >= probe.limit:  # every chunk is present
+            self._settle_prefix(start)
             return _EMPTY
-        if window is not None:
-            stop = min(stop, start + window)
+        stop = probe.limit if window is None else min(probe.limit, start + window)
         k = len(self.plan.layout.namespaces)
-        return np.arange(probe.key_offset + start * k, probe.key_offset + stop * k)
+        return range(probe.key_offset + start * k, probe.key_offset + stop * k)
 
-    def record(self, key_indices: IntArray, present: BoolArray) -> None:
+    def _settle_prefix(self, chunks: int) -> None:
+        sg = self.plan.layout.spec_groups[0]
+        block = sg.spec.block_size  # a lone spec-group aligns to its own block size
+        self.hit = full_attention_prefix_hit(chunks, block, block, sg.drop_eagle)
+
+    def record(self, key_indices: KeyIndices, present: Sequence[bool] | BoolArray) -> None:
         """Record answers (True = present) for ascending key indices that cover whole chunks
         (all namespaces), e.g. from :meth:`next_keys`."""
-        if self.hit is not None or (self.rounds == 1 and key_indices.size == self.plan.num_keys):
+        count = len(key_indices)
+        if self.hit is not None or (self.rounds == 1 and count == self.plan.num_keys):
             if self.hit is None:
-                self.hit = self.plan.resolve_present(present)
+                self.hit = self.plan.resolve_present(np.asarray(present, dtype=bool))
+            return
+        if not count:
             return
         k = len(self.plan.layout.namespaces)
-        if self._known_prefix is not None and key_indices.size:
-            self._record_prefix(int(key_indices[0]), present, k)
-            return
+        if self._prefix is not None:
+            first = int(key_indices[0]) - self.plan.groups[0].key_offset
+            contiguous = int(key_indices[-1]) - int(key_indices[0]) == count - 1
+            if first == self._prefix * k and contiguous:
+                miss = _first_false(present)
+                if miss is None:
+                    self._prefix += count // k
+                else:
+                    self._settle_prefix(self._prefix + miss // k)
+                return
+            self._leave_prefix_mode()
+        indices = np.asarray(key_indices, dtype=np.int64)
+        answers = np.asarray(present, dtype=bool)
         single = len(self.plan.groups) == 1
         for probe, answered, chunk_present in zip(self.plan.groups, self._answered, self._present):
             if single:
-                lo, hi = 0, key_indices.size
+                lo, hi = 0, count
             else:
-                lo = int(np.searchsorted(key_indices, probe.key_offset))
-                hi = int(np.searchsorted(key_indices, probe.key_offset + probe.chunks.size * k))
+                lo = int(np.searchsorted(indices, probe.key_offset))
+                hi = int(np.searchsorted(indices, probe.key_offset + probe.chunks.size * k))
             if hi <= lo:
                 continue
-            local = key_indices[lo:hi] - probe.key_offset
+            local = indices[lo:hi] - probe.key_offset
             pos = local[::k] // k
-            got = present[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else present[lo:hi]
+            got = answers[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else answers[lo:hi]
             answered[pos] = True
             chunk_present[pos] = got
 
-    def _record_prefix(self, first_key: int, present: BoolArray, k: int) -> None:
-        """The lone full-attention group: answers always cover a contiguous key range."""
-        first = (first_key - self.plan.groups[0].key_offset) // k
-        got = present.reshape(-1, k).all(axis=1) if k > 1 else present
-        answered, chunk_present = self._answered[0], self._present[0]
-        answered[first : first + got.size] = True
-        chunk_present[first : first + got.size] = got
-        start = self._known_prefix
-        assert start is not None
-        if first <= start < first + got.size:
-            misses = np.flatnonzero(~(answered[start:] & chunk_present[start:]))
-            self._known_prefix = start + int(misses[0]) if misses.size else answered.size
+    def _leave_prefix_mode(self) -> None:
+        """Answers arrived out of order: keep them in per-chunk arrays from now on."""
+        assert self._prefix is not None
+        size = self.plan.groups[0].chunks.size
+        answered = np.zeros(size, dtype=bool)
+        answered[: self._prefix] = True
+        self._answered = [answered]
+        self._present = [answered.copy()]
+        self._prefix = None
+
+
+def _first_false(values: Sequence[bool] | BoolArray) -> int | None:
+    """Index of the first False, or None when all are True."""
+    if isinstance(values, np.ndarray):
+        return None if values.all() else int(values.argmin())
+    try:
+        return values.index(False)
+    except ValueError:
+        return None
 
 
 def _concat_keys(
