@@ -471,9 +471,13 @@ def test_repeated_hash_presence_is_per_hash() -> None:
     plan = layout.plan(48, same)
     ref = BaselineLookup(layout.to_dict())
     _, meta = ref.build_keys(48, same)
+    built = layout.plan(48, same)
+    assert built.keys[0] == built.keys[1]
     for exists in ([1, 0, 1], [0, 1, 1], [0, 0, 1], [1, 1, 0]):
         want = ref.resolve(48, same, meta, exists)
         assert plan.resolve(exists) == want
+        assert built.resolve(exists) == want  # keys assembled: repeats are found by key
+        assert plan.resolve(np.array(exists)) == want
         assert probe_in_rounds(plan, exists) == want
     assert plan.resolve([0, 1, 1]) == 48
 

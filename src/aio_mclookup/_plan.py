@@ -8,10 +8,12 @@ prefixes with numpy.
 from __future__ import annotations
 
 import binascii
+import functools
+import itertools
 import numbers
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,8 +45,9 @@ class GroupProbe:
     namespaces) is chunk ``chunks[j]`` in namespace ``n``. ``limit`` is how many chunks exist
     for this request. ``hex_rows`` holds the probed chunks' hashes in hex (``hex_items`` when
     the hashes have mixed widths). Chunks not probed count as absent unless ``unprobed_ids``
-    maps them to a probed chunk with the same hash; ``hash_ids`` links probed chunks that share
-    a hash (vLLM records presence per hash).
+    maps them to a probed chunk with the same hash; :attr:`hash_ids` links probed chunks that
+    share a hash (vLLM records presence per hash), computed from ``hash_rows`` (the raw probed
+    hashes, None when of mixed widths) on first use.
     """
 
     group_id: int
@@ -53,8 +56,18 @@ class GroupProbe:
     key_offset: int
     hex_rows: npt.NDArray[np.uint8] | None
     hex_items: list[bytes]
-    hash_ids: IntArray | None
+    hash_rows: npt.NDArray[np.uint8] | None
     unprobed_ids: IntArray | None
+    _hash_ids: IntArray | None = field(default=None, init=False)
+    _hash_ids_known: bool = field(default=False, init=False)
+
+    @property
+    def hash_ids(self) -> IntArray | None:
+        """Ids equal exactly where probed hashes are equal; None when all differ."""
+        if not self._hash_ids_known:
+            self._hash_ids = _duplicate_ids(self.hash_rows, self.hex_items)
+            self._hash_ids_known = True
+        return self._hash_ids
 
     @property
     def dense(self) -> bool:
@@ -190,7 +203,51 @@ class LookupPlan:
         """
         if not self.num_keys:
             return 0
+        if self._prefix_only:
+            hit = self._resolve_prefix(exists)
+            if hit is not None:
+                return hit
         return self.resolve_present(self.present_keys(exists))
+
+    @property
+    def _prefix_only(self) -> bool:
+        """One full-attention group in one namespace, enough hashes: the hit is the run of
+        present keys from the first."""
+        layout = self.layout
+        return (
+            len(self._groups) == 1
+            and len(layout.spec_groups) == 1
+            and len(layout.namespaces) == 1
+            and isinstance(layout.groups[0], FullAttention)
+            and not self.short
+        )
+
+    def _resolve_prefix(self, exists: Sequence[int] | npt.NDArray[Any]) -> int | None:
+        """:meth:`resolve` for :attr:`_prefix_only` plans without a per-key array; None when
+        the general path must decide (odd input, or a missing hash that repeats)."""
+        n = self.num_keys
+        if isinstance(exists, np.ndarray):
+            if exists.ndim != 1 or exists.shape[0] != n or exists.dtype.kind not in "biuf":
+                return None
+            miss = _first_false(exists == 1)
+        elif isinstance(exists, (list, tuple)) and len(exists) == n:
+            run = len(list(itertools.takewhile(functools.partial(operator.eq, 1), exists)))
+            if run < n and isinstance(exists[run], (list, tuple, np.ndarray)):
+                return None  # a malformed answer: let present_keys refuse it
+            miss = None if run == n else run
+        else:
+            return None
+        if miss is not None:
+            keys = self._keys
+            repeats = (
+                keys.count(keys[miss]) > 1 if keys is not None
+                else self._groups[0].hash_ids is not None
+            )
+            if repeats:  # presence is per hash: another copy may be present
+                return None
+        sg = self.layout.spec_groups[0]
+        block = sg.spec.block_size
+        return full_attention_prefix_hit(n if miss is None else miss, block, block, sg.drop_eagle)
 
     def resolve_present(self, present_keys: BoolArray) -> int:
         """:meth:`resolve` from one boolean per key."""
@@ -465,27 +522,45 @@ class _Hashes:
                 self._duplicates = distinct != self.count
         return self._duplicates
 
-    def gather(self, units: IntArray) -> tuple[npt.NDArray[np.uint8] | None, list[bytes]]:
-        """The hashes at ``units``: a (n, width) array when they share one width, else bytes."""
+    def gather(
+        self, units: IntArray | slice
+    ) -> tuple[npt.NDArray[np.uint8] | None, list[bytes]]:
+        """The hashes at ``units`` (indices, or a slice of the hashes): a (n, width) array when
+        they share one width, else bytes."""
         if self.array is not None:
+            if isinstance(units, slice):
+                return self.array[units], []
             return self.array.take(units, axis=0), []
         assert self.items is not None
+        if isinstance(units, slice):
+            if isinstance(self.items, (list, tuple)):  # other sequences: read index by index
+                return self._joined(self.items[units], range(units.start, units.stop, units.step))
+            units = np.arange(units.start, units.stop, units.step, dtype=np.int64)
         if units.size == 0:
             return np.zeros((0, 0), dtype=np.uint8), []
         picked = operator.itemgetter(*units.tolist())(self.items)
-        items: tuple[Any, ...] = picked if units.size > 1 else (picked,)
+        return self._joined(picked if units.size > 1 else (picked,), units)
+
+    @staticmethod
+    def _joined(
+        items: Sequence[Any], units: IntArray | range
+    ) -> tuple[npt.NDArray[np.uint8] | None, list[bytes]]:
+        """``items`` (the hashes at ``units``) as one (n, width) array when they share one
+        width, else as bytes."""
+        if not items:
+            return np.zeros((0, 0), dtype=np.uint8), []
         try:
             joined = b"".join(items)
         except TypeError:
-            for pos, item in zip(units.tolist(), items):
+            for pos, item in zip(units, items):
                 if not isinstance(item, (bytes, bytearray, memoryview)):
                     raise InvalidRequest(
                         f"block_hashes[{pos}] must be bytes, got {type(item).__name__}"
                     ) from None
             raise
         widths = set(map(len, items))
-        if len(widths) == 1 and len(joined) == units.size * (width := widths.pop()):
-            return np.frombuffer(joined, dtype=np.uint8).reshape(units.size, width), []
+        if len(widths) == 1 and len(joined) == len(items) * (width := widths.pop()):
+            return np.frombuffer(joined, dtype=np.uint8).reshape(len(items), width), []
         return None, [bytes(item) for item in items]
 
 
@@ -578,7 +653,10 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
         stride = spec.block_size // h
         limit = min(hashes.count // stride, tokens // spec.block_size)
         chunks = _probe_chunks(layout, gid, limit, tokens)
-        rows, items = hashes.gather(chunks * stride + (stride - 1))
+        if chunks.size == limit:  # dense: every stride-th hash, sliced
+            rows, items = hashes.gather(slice(stride - 1, limit * stride, stride))
+        else:
+            rows, items = hashes.gather(chunks * stride + (stride - 1))
         unprobed_ids = None
         if reads_unprobed and 0 < chunks.size < limit and hashes.has_duplicates():
             unprobed_ids = _unprobed_ids(hashes, stride, limit, chunks, rows, items)
@@ -590,7 +668,7 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
                 key_offset=offset,
                 hex_rows=_hex_rows(rows) if rows is not None else None,
                 hex_items=[it.hex().encode() for it in items],
-                hash_ids=_duplicate_ids(rows, items),
+                hash_rows=rows,
                 unprobed_ids=unprobed_ids,
             )
         )
