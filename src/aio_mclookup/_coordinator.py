@@ -382,23 +382,23 @@ class LookupCoordinator:
             self._cache.expire(time.monotonic())
             cached = self._cache.members
         queued = self._queued
-        in_flight = self._in_flight
+        in_flight_get = self._in_flight.get
+        queued_get = queued.get
         present = lookup.round_present
-        fresh = hits = 0
+        fresh = hits = shared = 0
         for pos, key in enumerate(keys):
             if key in cached:
                 present[pos] = True
                 hits += 1
                 continue
-            subscribers = in_flight.get(key)
+            subscribers = in_flight_get(key) or queued_get(key)
             if subscribers is None:
-                subscribers = queued.get(key)
-                if subscribers is None:
-                    queued[key] = [(lookup, pos)]
-                    fresh += 1
-                    continue
-            subscribers.append((lookup, pos))
-            stats.dedup_hits_total += 1
+                queued[key] = [(lookup, pos)]
+                fresh += 1
+            else:
+                subscribers.append((lookup, pos))
+                shared += 1
+        stats.dedup_hits_total += shared
         stats.cache_hits_total += hits
         lookup.waiting -= hits
         if fresh:
@@ -577,10 +577,14 @@ class LookupCoordinator:
         present = [answer == 1 for answer in answers]
         if self._cache is not None:  # before the fan-out: next rounds may read it
             self._cache.add(list(itertools.compress(keys, present)), sent_at)
-        for key, is_present in zip(keys, present):
-            subscribers = in_flight.pop(key, None)
-            if subscribers:
-                self._answer(subscribers, is_present)
+        pop = in_flight.pop
+        for key, is_present in zip(keys, present):  # _answer, inlined: this loop is hot
+            for lookup, pos in pop(key, ()):
+                if not lookup.done:
+                    lookup.round_present[pos] = is_present
+                    lookup.waiting -= 1
+                    if not lookup.waiting:
+                        self._advance(lookup)
 
     def _record_failure(self, error: BaseException | None) -> None:
         stats = self._stats
