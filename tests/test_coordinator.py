@@ -144,6 +144,41 @@ async def test_positive_cache_answers_repeat_lookups_and_can_be_disabled() -> No
         assert coord.stats().rpcs_total == 2
 
 
+async def test_cache_ttl_is_read_at_each_rpc() -> None:
+    """Lowering cache_ttl (say, to follow a master with a shorter lease) or setting it to None
+    on a running coordinator takes effect for the next answers."""
+    hashes = chain(8, b"ttl")
+    store = FakeStore(FULL16.plan(128, hashes).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        coord.cache_ttl = None
+        assert await coord.lookup(128, hashes) == 128
+        assert await coord.lookup(128, hashes) == 128
+        assert coord.stats().rpcs_total == 2 and coord.stats().cache_hits_total == 0
+        coord.cache_ttl = 0.05
+        assert await coord.lookup(128, hashes) == 128
+        assert await coord.lookup(128, hashes) == 128
+        assert coord.stats().rpcs_total == 3  # the fourth was answered from the cache
+        await asyncio.sleep(0.06)
+        store.present.clear()
+        assert await coord.lookup(128, hashes) == 0
+
+
+async def test_malformed_store_answers_fail_their_callers_without_hanging() -> None:
+    class RowsStore(FakeStore):
+        async def batch_is_exist(self, keys: Sequence[Any]) -> Any:
+            self.calls.append(list(keys))
+            return np.ones((len(keys), 2), dtype=np.int64)  # rows, not one int per key
+
+    hashes = chain(4, b"rows")
+    async with LookupCoordinator(FULL16, RowsStore(), timeout=5.0,
+                                 failure_backoff=0.01) as coord:
+        for _ in range(2):  # the second lookup must not join a stuck probe
+            with pytest.raises(mcl.StoreError):
+                await coord.lookup(64, hashes)
+            await asyncio.sleep(0.02)
+        assert coord.stats().pending_lookups == 0
+
+
 async def test_cache_keeps_only_positive_answers() -> None:
     hashes = chain(4, b"neg")
     store = FakeStore()

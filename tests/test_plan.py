@@ -265,6 +265,41 @@ def test_keys_at_matches_keys(layout: KVLayout) -> None:
     assert full.keys_at(span) == keys[span.start : span.stop]
 
 
+def test_plan_does_not_see_later_writes_to_the_hash_array() -> None:
+    """The plan keeps its own copy of the hashes it reads: a caller reusing its buffer after
+    planning cannot change which hashes count as repeats."""
+    layout = _full16()
+    rows = np.frombuffer(b"A" * 32 + b"B" * 32 + b"A" * 32, dtype=np.uint8).reshape(3, 32).copy()
+    plan = layout.plan(48, rows)
+    rows[2] = ord("C")
+    assert plan.keys[0] == plan.keys[2]
+    assert plan.resolve([0, 1, 1]) == 48  # hash A is present through its second copy
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: [np.ones(1)] * n,
+        lambda n: [np.ones(2)] * n,
+        lambda n: [1, 0] + [[1, 2]] * (n - 2),  # malformed after the first miss
+        lambda n: [1, (1,)] + [1] * (n - 2),  # ragged
+    ],
+)
+@pytest.mark.parametrize("namespaces", [1, 2])
+def test_malformed_answers_are_refused(make: Any, namespaces: int) -> None:
+    plan = _full16(tp_size=namespaces, num_kv_heads=namespaces).plan(48, _hashes(3))
+    with pytest.raises(InvalidRequest):
+        plan.resolve(make(plan.num_keys))
+
+
+def test_probing_counts_falsy_answers_absent() -> None:
+    plan = _full16().plan(48, _hashes(3))
+    state = plan.probing()
+    idx = state.next_keys()
+    state.record(idx, [1, None, 1])
+    assert state.hit == 16
+
+
 @pytest.mark.parametrize("eagle", [False, True])
 def test_prefix_probing_accepts_answers_in_any_order(eagle: bool) -> None:
     """A lone full-attention plan is probed in ranges from its known prefix; answers recorded

@@ -1,15 +1,15 @@
 """The coordinator's positive-answer cache: keys the store recently answered present.
 
-Membership is validity. Keys are kept in batches (one per RPC), each expiring at its RPC's
-send time + ttl; :meth:`PositiveCache.expire` drops whole expired batches, so a lookup can test
-many keys at C speed (``dict.__contains__``) with no per-key clock check. Batches stay ordered
-by expiry: a batch added after one that expires later takes that one's keys with it (they
-expire early, which is always safe).
+Membership is validity. Keys are kept in batches (one per RPC), each with its expiry (the RPC's
+send time + ``cache_ttl``), in a heap; :meth:`PositiveCache.expire` drops every batch whose
+time is up, so a lookup can test many keys at C speed (``dict.__contains__``) with no per-key
+clock check. A key answered present by two RPCs goes with the first batch to expire: early,
+never late.
 """
 
 from __future__ import annotations
 
-import collections
+import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 
@@ -17,16 +17,15 @@ __all__ = ["PositiveCache"]
 
 
 class PositiveCache:
-    """Keys answered present, each kept at most ``ttl`` seconds from when its RPC was sent, and
-    at most ``max_keys`` of them (past that the oldest batches go, down to 90 %)."""
+    """Keys answered present, each kept until the expiry given with it, and at most
+    ``max_keys`` of them (past that the batches that expire first go, down to 90 %)."""
 
-    __slots__ = ("_batches", "_keys", "max_keys", "ttl")
+    __slots__ = ("_batches", "_keys", "_order")
 
-    def __init__(self, ttl: float, max_keys: int) -> None:
-        self.ttl = ttl
-        self.max_keys = max_keys
+    def __init__(self) -> None:
         self._keys: dict[bytes, None] = {}
-        self._batches: collections.deque[tuple[float, list[bytes]]] = collections.deque()
+        self._batches: list[tuple[float, int, list[bytes]]] = []  # a heap by expiry
+        self._order = itertools.count()  # ties: first added, first dropped
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -39,26 +38,23 @@ class PositiveCache:
         """The cached keys, for fast ``key in members`` tests (call :meth:`expire` first)."""
         return self._keys
 
-    def add(self, keys: list[bytes], sent_at: float) -> None:
-        """Remember ``keys`` (answered present by an RPC sent at ``sent_at``, monotonic)."""
+    def add(self, keys: list[bytes], expiry: float, max_keys: int) -> None:
+        """Remember ``keys`` until ``expiry`` (monotonic seconds), keeping at most
+        ``max_keys`` keys."""
         if not keys:
             return
-        expiry = sent_at + self.ttl
-        batches = self._batches
-        while batches and batches[-1][0] > expiry:  # keep expiries ordered: merge, expire early
-            keys = keys + batches.pop()[1]
-        batches.append((expiry, keys))
+        heapq.heappush(self._batches, (expiry, next(self._order), keys))
         self._keys.update(dict.fromkeys(keys))
-        if len(self._keys) > self.max_keys:
-            target = self.max_keys - self.max_keys // 10
-            while batches and len(self._keys) > target:
-                self._drop(batches.popleft()[1])
+        if len(self._keys) > max_keys:
+            target = max_keys - max_keys // 10
+            while self._batches and len(self._keys) > target:
+                self._drop(heapq.heappop(self._batches)[2])
 
     def expire(self, now: float) -> None:
         """Forget every batch whose expiry is ``<= now`` (monotonic seconds)."""
         batches = self._batches
         while batches and batches[0][0] <= now:
-            self._drop(batches.popleft()[1])
+            self._drop(heapq.heappop(batches)[2])
 
     def leading(self, keys: Iterable[bytes]) -> int:
         """How many of ``keys``, from the first, are cached (stops at the first that is not)."""

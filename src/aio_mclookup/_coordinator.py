@@ -155,7 +155,7 @@ class LookupCoordinator:
         self._stats = CoordinatorStats()
         self._queued: dict[bytes, list[_Subscriber]] = {}
         self._in_flight: dict[bytes, list[_Subscriber]] = {}
-        self._cache = None if cache_ttl is None else PositiveCache(cache_ttl, cache_max_keys)
+        self._cache = PositiveCache()  # filled only while cache_ttl is set
         self._lookups: set[_Lookup] = set()
         self._dispatch_lookups: set[_Lookup] = set()
         self._admission_queue: collections.deque[object] = collections.deque()  # FIFO tickets
@@ -273,7 +273,7 @@ class LookupCoordinator:
             if plan.num_keys <= _EAGER_KEYS:
                 plan.keys  # noqa: B018 - one vectorised build beats several partial ones
             if self.rounds and self._cache and not plan.probe_in_one_round:
-                self._prefill_from_cache(lookup, self._cache)
+                self._prefill_from_cache(lookup)
             self._next_round(lookup)
             return await lookup.future
         finally:
@@ -432,10 +432,11 @@ class LookupCoordinator:
             lookup.future.set_exception(error)
         lookup.done = True
 
-    def _prefill_from_cache(self, lookup: _Lookup, cache: PositiveCache) -> None:
+    def _prefill_from_cache(self, lookup: _Lookup) -> None:
         """Answer the full-attention chunks the positive cache knows, before the first round,
         so the first probe starts where the cached prefix ends."""
         plan = lookup.plan
+        cache = self._cache
         cache.expire(time.monotonic())
         k = len(plan.layout.namespaces)
         for probe in plan.groups:
@@ -543,12 +544,13 @@ class LookupCoordinator:
         stats.keys_per_rpc.observe(len(keys))
         sent_at = time.monotonic()
         started = time.perf_counter()
-        answers: Sequence[int] | None = None
+        present: list[bool] | None = None
         error: BaseException | None = None
         try:
             answers = await self.store.batch_is_exist(keys)
             if len(answers) != len(keys):
                 raise StoreError(f"store answered {len(answers)} values for {len(keys)} keys")
+            present = [bool(answer == 1) for answer in answers]  # vLLM: only 1 is present
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             cancelling = getattr(task, "cancelling", None)
@@ -565,7 +567,7 @@ class LookupCoordinator:
             assert self._wake is not None
             self._wake.set()
         in_flight = self._in_flight
-        if error is not None or answers is None:
+        if error is not None or present is None:
             self._record_failure(error)
             code = error.code if isinstance(error, StoreError) else None
             for key in keys:
@@ -574,9 +576,12 @@ class LookupCoordinator:
                     self._settle_failed(key, subscribers, code, f"store RPC failed: {error}")
             return
         self._record_success()
-        present = [answer == 1 for answer in answers]
-        if self._cache is not None:  # before the fan-out: next rounds may read it
-            self._cache.add(list(itertools.compress(keys, present)), sent_at)
+        if self.cache_ttl is not None:  # before the fan-out: next rounds may read it
+            self._cache.add(
+                list(itertools.compress(keys, present)),
+                sent_at + self.cache_ttl,
+                self.cache_max_keys,
+            )
         pop = in_flight.pop
         for key, is_present in zip(keys, present):  # _answer, inlined: this loop is hot
             for lookup, pos in pop(key, ()):

@@ -7,6 +7,7 @@ prefixes with numpy.
 
 from __future__ import annotations
 
+import array
 import binascii
 import functools
 import itertools
@@ -184,7 +185,12 @@ class LookupPlan:
 
     def present_keys(self, exists: Sequence[int] | npt.NDArray[Any]) -> BoolArray:
         """vLLM's rule per key: only the value ``1`` means present."""
-        answers = np.asarray(exists)
+        answers = _numeric_answers(exists)
+        if answers is None:
+            try:
+                answers = np.asarray(exists)
+            except ValueError as exc:  # ragged
+                raise InvalidRequest(f"exists must hold one answer per key: {exc}") from None
         if answers.ndim != 1 or answers.shape[0] != self.num_keys:
             raise InvalidRequest(
                 f"exists must have one answer per key ({self.num_keys}), got shape "
@@ -226,17 +232,16 @@ class LookupPlan:
         """:meth:`resolve` for :attr:`_prefix_only` plans without a per-key array; None when
         the general path must decide (odd input, or a missing hash that repeats)."""
         n = self.num_keys
-        if isinstance(exists, np.ndarray):
-            if exists.ndim != 1 or exists.shape[0] != n or exists.dtype.kind not in "biuf":
+        if isinstance(exists, (list, tuple)):
+            if len(exists) != n or not _all_ints(exists):
                 return None
-            miss = _first_false(exists == 1)
-        elif isinstance(exists, (list, tuple)) and len(exists) == n:
             run = len(list(itertools.takewhile(functools.partial(operator.eq, 1), exists)))
-            if run < n and isinstance(exists[run], (list, tuple, np.ndarray)):
-                return None  # a malformed answer: let present_keys refuse it
             miss = None if run == n else run
         else:
-            return None
+            answers = _numeric_answers(exists)
+            if answers is None or answers.ndim != 1 or answers.shape[0] != n:
+                return None
+            miss = _first_false(answers == 1)
         if miss is not None:
             keys = self._keys
             repeats = (
@@ -435,14 +440,36 @@ class ProbeState:
         self._prefix = None
 
 
-def _first_false(values: Sequence[bool] | BoolArray) -> int | None:
-    """Index of the first False, or None when all are True."""
+def _first_false(values: Sequence[object] | BoolArray) -> int | None:
+    """Index of the first falsy value, or None when all are truthy."""
     if isinstance(values, np.ndarray):
         return None if values.all() else int(values.argmin())
     try:
-        return values.index(False)
+        return list(map(operator.truth, values)).index(False)
     except ValueError:
         return None
+
+
+def _all_ints(values: Sequence[object]) -> bool:
+    """Every value an int (bools and numpy integers included), checked at C speed."""
+    try:
+        array.array("q", values)  # type: ignore[type-var]  # refusing non-ints is the point
+    except (TypeError, OverflowError):
+        return False
+    return True
+
+
+def _numeric_answers(exists: object) -> npt.NDArray[Any] | None:
+    """Store answers as a numeric array when they plainly are numbers (every item of a list or
+    tuple an int, bools included), else None: then they are compared one by one."""
+    if isinstance(exists, np.ndarray):
+        return exists if exists.dtype.kind in "biuf" else None
+    if isinstance(exists, (list, tuple)):
+        try:
+            return np.frombuffer(array.array("q", exists), dtype=np.int64)
+        except (TypeError, OverflowError):  # floats, strings, None, nested, huge ints
+            return None
+    return None
 
 
 def _concat_keys(
@@ -529,7 +556,7 @@ class _Hashes:
         they share one width, else bytes."""
         if self.array is not None:
             if isinstance(units, slice):
-                return self.array[units], []
+                return self.array[units].copy(), []  # the plan must not see later writes
             return self.array.take(units, axis=0), []
         assert self.items is not None
         if isinstance(units, slice):
