@@ -209,28 +209,33 @@ class LookupPlan:
         """
         if not self.num_keys:
             return 0
-        if self._prefix_only:
+        if self.single_full_attention and len(self.layout.namespaces) == 1 and not self.short:
             hit = self._resolve_prefix(exists)
             if hit is not None:
                 return hit
         return self.resolve_present(self.present_keys(exists))
 
     @property
-    def _prefix_only(self) -> bool:
-        """One full-attention group in one namespace, enough hashes: the hit is the run of
-        present keys from the first."""
+    def single_full_attention(self) -> bool:
+        """One full-attention group: its hit is the run of present chunks from the first."""
         layout = self.layout
         return (
             len(self._groups) == 1
             and len(layout.spec_groups) == 1
-            and len(layout.namespaces) == 1
             and isinstance(layout.groups[0], FullAttention)
-            and not self.short
         )
 
+    def prefix_hit(self, chunks: int) -> int:
+        """The hit of a :attr:`single_full_attention` plan whose first ``chunks`` chunks are
+        present and the next one (if any) absent."""
+        sg = self.layout.spec_groups[0]
+        block = sg.spec.block_size  # a lone spec-group aligns to its own block size
+        return full_attention_prefix_hit(chunks, block, block, sg.drop_eagle)
+
     def _resolve_prefix(self, exists: Sequence[int] | npt.NDArray[Any]) -> int | None:
-        """:meth:`resolve` for :attr:`_prefix_only` plans without a per-key array; None when
-        the general path must decide (odd input, or a missing hash that repeats)."""
+        """:meth:`resolve` for a single full-attention group in one namespace, without a
+        per-key array; None when the general path must decide (odd input, or a missing hash
+        that repeats)."""
         n = self.num_keys
         if isinstance(exists, (list, tuple)):
             if len(exists) != n or not _all_ints(exists):
@@ -250,9 +255,7 @@ class LookupPlan:
             )
             if repeats:  # presence is per hash: another copy may be present
                 return None
-        sg = self.layout.spec_groups[0]
-        block = sg.spec.block_size
-        return full_attention_prefix_hit(n if miss is None else miss, block, block, sg.drop_eagle)
+        return self.prefix_hit(n if miss is None else miss)
 
     def resolve_present(self, present_keys: BoolArray) -> int:
         """:meth:`resolve` from one boolean per key."""
@@ -303,17 +306,11 @@ class ProbeState:
         self._all_at_once = not rounds or plan.probe_in_one_round
         self.hit: int | None = None
         self.rounds = 0
-        layout = plan.layout
         self._prefix: int | None = None
         """Prefix mode: how many chunks from 0 are known present (None: the general search)."""
         self._answered: list[BoolArray] = []
         self._present: list[BoolArray] = []
-        if (
-            len(layout.spec_groups) == 1
-            and len(plan.groups) == 1
-            and isinstance(layout.groups[0], FullAttention)
-            and not self._all_at_once
-        ):
+        if plan.single_full_attention and not self._all_at_once:
             self._prefix = 0
         else:
             self._answered = [np.zeros(p.chunks.size, dtype=bool) for p in plan.groups]
@@ -379,16 +376,11 @@ class ProbeState:
         probe = self.plan.groups[0]
         start = self._prefix
         if start >= probe.limit:  # every chunk is present
-            self._settle_prefix(start)
+            self.hit = self.plan.prefix_hit(start)
             return _EMPTY
         stop = probe.limit if window is None else min(probe.limit, start + window)
         k = len(self.plan.layout.namespaces)
         return range(probe.key_offset + start * k, probe.key_offset + stop * k)
-
-    def _settle_prefix(self, chunks: int) -> None:
-        sg = self.plan.layout.spec_groups[0]
-        block = sg.spec.block_size  # a lone spec-group aligns to its own block size
-        self.hit = full_attention_prefix_hit(chunks, block, block, sg.drop_eagle)
 
     def record(self, key_indices: KeyIndices, present: Sequence[bool] | BoolArray) -> None:
         """Record answers (True = present) for ascending key indices that cover whole chunks
@@ -409,7 +401,7 @@ class ProbeState:
                 if miss is None:
                     self._prefix += count // k
                 else:
-                    self._settle_prefix(self._prefix + miss // k)
+                    self.hit = self.plan.prefix_hit(self._prefix + miss // k)
                 return
             self._leave_prefix_mode()
         indices = np.asarray(key_indices, dtype=np.int64)
