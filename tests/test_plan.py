@@ -241,6 +241,9 @@ def test_keys_are_ascii_bytes_in_vllm_order() -> None:
         # prefixes of different widths (tp_rank:9 vs tp_rank:10)
         KVLayout([FullAttention(16), SlidingWindow(16, 16)], model="m", hash_block_size=16,
                  scheduler_block_size=16, tp_size=12, num_kv_heads=12),
+        # groups of different key widths (group:9 vs group:10): assembled group by group
+        KVLayout([FullAttention(16)] + [SlidingWindow(16, 16 * i) for i in range(1, 11)],
+                 model="m", hash_block_size=16, scheduler_block_size=16),
     ],
 )
 def test_keys_at_matches_keys(layout: KVLayout) -> None:
@@ -258,6 +261,7 @@ def test_keys_at_matches_keys(layout: KVLayout) -> None:
         assert layout.plan(token_len, hashes).keys_at(idx) == want  # before keys are assembled
         assert full.keys_at(idx) == want  # after
     arr = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(n, 32)
+    assert layout.plan(token_len, arr).keys == keys
     idx = np.arange(0, full.num_keys, 3, dtype=np.int64)
     assert layout.plan(token_len, arr).keys_at(idx) == [keys[i] for i in idx.tolist()]
     span = range(full.num_keys // 3, full.num_keys - 1)  # contiguous runs come as ranges
@@ -341,7 +345,11 @@ def test_resolve_with_wrong_length_array_is_refused() -> None:
         plan.resolve(np.ones((6, 1), dtype=np.int64))
 
 
-@pytest.mark.parametrize("value", [0, -1, -900, -901, 2, True, False, 1, 255, -(2**40)])
+@pytest.mark.parametrize(
+    "value",
+    [0, -1, -900, -901, 2, True, False, 1, 255, 256, 257, -(2**40), 1.0, 0.5, np.int64(1),
+     np.int8(-1), np.uint8(1)],
+)
 def test_resolve_never_raises_on_store_values(value: Any) -> None:
     cases = ((_full16(), 48, 3), (_seed_layout(), 96, 12), (_dsv4(), 1024, 256))
     for layout, token_len, n in cases:

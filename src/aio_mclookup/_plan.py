@@ -103,11 +103,38 @@ class LookupPlan:
     def keys(self) -> list[bytes]:
         """The candidate keys (a shared list: do not mutate)."""
         if self._keys is None:
-            keys: list[bytes] = []
-            for probe in self._groups:
-                keys.extend(self._assemble(probe, None))
+            groups = self._groups
+            keys = self._assemble(groups[0], None) if len(groups) == 1 else self._assemble_all()
+            if keys is None:  # key widths differ between groups: one group at a time
+                keys = []
+                for probe in self._groups:
+                    keys.extend(self._assemble(probe, None))
             self._keys = keys
         return self._keys
+
+    def _assemble_all(self) -> list[bytes] | None:
+        """Every key from one buffer and one ``tolist`` when all keys share one width (the
+        usual case), else None."""
+        widths = set()
+        for probe in self._groups:
+            prefix_rows = self.layout.prefix_rows[probe.group_id]
+            if prefix_rows is None or probe.hex_rows is None:
+                return None
+            widths.add(prefix_rows.shape[1] + probe.hex_rows.shape[1])
+        if len(widths) != 1:
+            return None
+        width = widths.pop()
+        buf = np.empty((self.num_keys, width), dtype=np.uint8)
+        for probe in self._groups:
+            prefix_rows = self.layout.prefix_rows[probe.group_id]
+            assert prefix_rows is not None and probe.hex_rows is not None
+            k, plen = prefix_rows.shape
+            n = probe.hex_rows.shape[0]
+            part = buf[probe.key_offset : probe.key_offset + n * k].reshape(n, k, width)
+            part[:, :, :plen] = prefix_rows
+            part[:, :, plen:] = probe.hex_rows[:, None, :]
+        keys: list[bytes] = buf.view(f"S{width}").ravel().tolist()
+        return keys
 
     @property
     def groups(self) -> tuple[GroupProbe, ...]:
@@ -238,9 +265,14 @@ class LookupPlan:
         that repeats)."""
         n = self.num_keys
         if isinstance(exists, (list, tuple)):
-            if len(exists) != n or not _all_ints(exists):
+            if len(exists) != n:
                 return None
-            run = len(list(itertools.takewhile(functools.partial(operator.eq, 1), exists)))
+            try:  # answers in 0..255 (the usual 0 and 1): count the leading 1s at C speed
+                run = n - len(bytes(exists).lstrip(b"\x01"))
+            except (TypeError, ValueError):
+                if not _all_ints(exists):
+                    return None
+                run = len(list(itertools.takewhile(functools.partial(operator.eq, 1), exists)))
             miss = None if run == n else run
         else:
             answers = _numeric_answers(exists)
@@ -457,6 +489,10 @@ def _numeric_answers(exists: object) -> npt.NDArray[Any] | None:
     if isinstance(exists, np.ndarray):
         return exists if exists.dtype.kind in "biuf" else None
     if isinstance(exists, (list, tuple)):
+        try:  # the usual answers (0 and 1) fit a byte: bytes() converts them fastest
+            return np.frombuffer(bytes(exists), dtype=np.uint8)
+        except (TypeError, ValueError):  # negative codes, big ints, or not ints at all
+            pass
         try:
             return np.frombuffer(array.array("q", exists), dtype=np.int64)
         except (TypeError, OverflowError):  # floats, strings, None, nested, huge ints
@@ -618,7 +654,9 @@ def _masked_chunks(layout: KVLayout, gid: int, limit: int, token_len: int) -> In
 def _hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     """Lower-case hex of each row, as a (n, 2 * width) uint8 array of ASCII."""
     n, width = rows.shape
-    text = binascii.hexlify(np.ascontiguousarray(rows).tobytes())
+    # hexlify reads the array's buffer directly: a tobytes() copy would double the memory
+    # traffic (and, at these sizes, the page faults).
+    text = binascii.hexlify(np.ascontiguousarray(rows).data)
     return np.frombuffer(text, dtype=np.uint8).reshape(n, 2 * width)
 
 
@@ -632,9 +670,11 @@ def _duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> In
             padded = np.zeros((n, 8), dtype=np.uint8)
             padded[:, :width] = rows
             fingerprint = padded.view(np.uint64).ravel()
+        elif width % 8 == 0 and rows.flags.c_contiguous:  # each row's first 8 bytes, no copy
+            fingerprint = rows.view(np.uint64)[:, 0]
         else:
             fingerprint = np.ascontiguousarray(rows[:, :8]).view(np.uint64).ravel()
-        ordered = np.sort(fingerprint)
+        ordered = np.sort(fingerprint)  # a sorted copy
         if not (ordered[1:] == ordered[:-1]).any():
             return None
         items = [bytes(r) for r in rows]
