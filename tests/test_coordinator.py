@@ -129,6 +129,36 @@ async def test_rounds_send_fewer_keys_with_the_same_answer() -> None:
     assert with_rounds < all_keys
 
 
+@pytest.mark.parametrize("miss_at", [0, 3, 5, 9, None])
+async def test_repeated_hashes_in_a_full_attention_prefix_are_probed_in_rounds(
+    miss_at: int | None,
+) -> None:
+    """A lone full-attention group probes its prefix in rounds even when hashes repeat (a
+    repeated key gets the same answer again), concurrent callers sharing the repeated keys."""
+    base = chain(4, b"r")
+    hashes = base + base + base[:2] + chain(6, b"tail")  # chunk 4..7 repeat 0..3, 8..9 too
+    plan = FULL16.plan(16 * len(hashes), hashes)
+    assert not plan.probe_in_one_round
+    store = FakeStore(plan.keys)
+    if miss_at is not None:
+        store.discard([plan.keys[miss_at]])
+    want = expected(FULL16, store, 16 * len(hashes), hashes)
+    store.delay = 0.002
+    async with LookupCoordinator(FULL16, store, cache_ttl=None, probe_window=2) as coord:
+        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"other")))
+        await asyncio.sleep(0)  # its RPC is in flight: the lookups below probe in windows
+        hits = await asyncio.gather(
+            *(coord.lookup(16 * n, hashes[:n]) for n in (len(hashes), 9, 12, len(hashes)))
+        )
+        assert await busy == 0
+        stats = coord.stats()
+    assert hits[0] == hits[3] == want
+    for n, hit in zip((9, 12), hits[1:3]):
+        assert hit == expected(FULL16, store, 16 * n, hashes[:n])
+    if want > 2 * 16:  # past the first window of 2 chunks: more rounds than lookups
+        assert stats.rounds_total > 5
+
+
 async def test_positive_cache_answers_repeat_lookups_and_can_be_disabled() -> None:
     hashes = chain(16, b"c")
     store = FakeStore(FULL16.plan(256, hashes).keys)

@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +54,8 @@ class _Lookup:
     plan: LookupPlan
     state: ProbeState
     future: asyncio.Future[int]
+    ident: int
+    """Its number among the coordinator's lookups (>= 1), as used in :data:`_Subscribers`."""
     round_keys: KeyIndices = range(0)
     round_present: list[bool] = field(default_factory=list)
     waiting: int = 0
@@ -63,7 +65,13 @@ class _Lookup:
     """Settled (result, error or cancelled): answers for it are dropped."""
 
 
-_Subscriber = tuple[_Lookup, int]  # (lookup, position in its round)
+_Subscribers = int | list[int]
+"""Who waits for one key's answer: one subscriber, or a list of them (the key is shared). A
+subscriber is ``lookup.ident << _POS_BITS | position in the lookup's round``. Plain ints, not
+objects: under load every object the garbage collector tracks costs time, and a dict holding
+only ints is not tracked at all."""
+_POS_BITS = 32
+_POS_MASK = (1 << _POS_BITS) - 1
 
 
 class LookupCoordinator:
@@ -153,10 +161,11 @@ class LookupCoordinator:
         self.failure_backoff = failure_backoff
 
         self._stats = CoordinatorStats()
-        self._queued: dict[bytes, list[_Subscriber]] = {}
-        self._in_flight: dict[bytes, list[_Subscriber]] = {}
+        self._queued: dict[bytes, _Subscribers] = {}
+        self._in_flight: dict[bytes, _Subscribers] = {}
         self._cache = PositiveCache()  # filled only while cache_ttl is set
-        self._lookups: set[_Lookup] = set()
+        self._lookups: dict[int, _Lookup] = {}  # by ident: the subscribers' registry
+        self._idents = itertools.count(1)
         self._dispatch_lookups: set[_Lookup] = set()
         self._admission_queue: collections.deque[object] = collections.deque()  # FIFO tickets
         self._pending_keys = 0
@@ -200,7 +209,7 @@ class LookupCoordinator:
         if self._closed:
             return
         self._closed = True
-        for lookup in list(self._lookups):
+        for lookup in list(self._lookups.values()):
             self._fail(lookup, ClosedError("the coordinator was closed"))
         self._queued.clear()
         tasks = [t for t in (self._dispatcher, *self._rpc_tasks) if t is not None]
@@ -263,11 +272,13 @@ class LookupCoordinator:
         assert loop is not None
         deadline = None if limit is None else loop.time() + limit
         await self._admit(plan.num_keys, deadline, limit)
-        lookup = _Lookup(plan, plan.probing(self.rounds), loop.create_future())
+        lookup = _Lookup(
+            plan, plan.probing(self.rounds), loop.create_future(), next(self._idents)
+        )
         timer = None
         if deadline is not None:  # a timer, not wait_for: no extra task per lookup
             timer = loop.call_at(deadline, self._expire, lookup, limit)
-        self._lookups.add(lookup)
+        self._lookups[lookup.ident] = lookup
         self._pending_keys += plan.num_keys
         try:
             if plan.num_keys <= _EAGER_KEYS:
@@ -284,7 +295,7 @@ class LookupCoordinator:
                 lookup.future.cancel()
             elif not lookup.future.cancelled():
                 lookup.future.exception()  # mark retrieved, whoever stopped waiting
-            self._lookups.discard(lookup)
+            del self._lookups[lookup.ident]
             self._pending_keys -= plan.num_keys
             self._forget(lookup)
             if self._admission_queue:
@@ -382,22 +393,26 @@ class LookupCoordinator:
             self._cache.expire(time.monotonic())
             cached = self._cache.members
         queued = self._queued
-        in_flight_get = self._in_flight.get
-        queued_get = queued.get
+        in_flight = self._in_flight
         present = lookup.round_present
+        base = lookup.ident << _POS_BITS
         fresh = hits = shared = 0
         for pos, key in enumerate(keys):
             if key in cached:
                 present[pos] = True
                 hits += 1
                 continue
-            subscribers = in_flight_get(key) or queued_get(key)
+            table = in_flight if key in in_flight else queued
+            subscribers = table.get(key)
             if subscribers is None:
-                queued[key] = [(lookup, pos)]
+                queued[key] = base | pos
                 fresh += 1
+                continue
+            if isinstance(subscribers, int):
+                table[key] = [subscribers, base | pos]
             else:
-                subscribers.append((lookup, pos))
-                shared += 1
+                subscribers.append(base | pos)
+            shared += 1
         stats.dedup_hits_total += shared
         stats.cache_hits_total += hits
         lookup.waiting -= hits
@@ -407,9 +422,17 @@ class LookupCoordinator:
             self._wake.set()
         return lookup.waiting > 0
 
-    def _answer(self, subscribers: Iterable[_Subscriber], present: bool) -> None:
-        for lookup, pos in subscribers:
-            if lookup.done:
+    def _subscribed(self, subscribers: _Subscribers) -> Iterator[tuple[_Lookup, int]]:
+        """The unsettled lookups among ``subscribers``, with their positions."""
+        lookups = self._lookups
+        for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
+            lookup = lookups.get(sub >> _POS_BITS)
+            if lookup is not None and not lookup.done:
+                yield lookup, sub & _POS_MASK
+
+    def _answer(self, subscribers: _Subscribers, present: bool) -> None:
+        for lookup, pos in self._subscribed(subscribers):
+            if lookup.done:  # an earlier subscriber's next round may have settled it
                 continue
             lookup.round_present[pos] = present
             lookup.waiting -= 1
@@ -468,7 +491,7 @@ class LookupCoordinator:
             return
         for key in lookup.plan.keys_at(lookup.round_keys):
             subscribers = self._queued.get(key)
-            if subscribers is not None and all(s.done for s, _ in subscribers):
+            if subscribers is not None and not any(self._subscribed(subscribers)):
                 del self._queued[key]
 
     # ------------------------------------------------------------------------ dispatching
@@ -528,12 +551,12 @@ class LookupCoordinator:
         self._loop.call_at(self._loop.time() + (self._retry_at - now), wake.set)
 
     def _settle_failed(
-        self, key: bytes, subscribers: list[_Subscriber], code: int | None, why: str
+        self, key: bytes, subscribers: _Subscribers, code: int | None, why: str
     ) -> None:
         if self.on_error == "absent":
             self._answer(subscribers, False)
             return
-        for lookup, _ in subscribers:
+        for lookup, _ in self._subscribed(subscribers):
             self._fail(lookup, StoreError(f"{why} (code {code})", code=code))
 
     async def _rpc(self, keys: list[bytes]) -> None:
@@ -583,10 +606,15 @@ class LookupCoordinator:
                 self.cache_max_keys,
             )
         pop = in_flight.pop
+        lookups = self._lookups
         for key, is_present in zip(keys, present):  # _answer, inlined: this loop is hot
-            for lookup, pos in pop(key, ()):
-                if not lookup.done:
-                    lookup.round_present[pos] = is_present
+            subscribers = pop(key, None)
+            if subscribers is None:
+                continue
+            for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
+                lookup = lookups.get(sub >> _POS_BITS)
+                if lookup is not None and not lookup.done:
+                    lookup.round_present[sub & _POS_MASK] = is_present
                     lookup.waiting -= 1
                     if not lookup.waiting:
                         self._advance(lookup)
