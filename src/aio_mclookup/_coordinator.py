@@ -271,7 +271,8 @@ class LookupCoordinator:
         loop = self._loop
         assert loop is not None
         deadline = None if limit is None else loop.time() + limit
-        await self._admit(plan.num_keys, deadline, limit)
+        if self._admission_queue or not self._has_room(plan.num_keys):  # else no coroutine
+            await self._admit(plan.num_keys, deadline, limit)
         lookup = _Lookup(
             plan, plan.probing(self.rounds), loop.create_future(), next(self._idents)
         )

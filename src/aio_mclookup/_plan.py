@@ -105,37 +105,14 @@ class LookupPlan:
         """The candidate keys (a shared list: do not mutate)."""
         if self._keys is None:
             groups = self._groups
-            keys = self._assemble(groups[0], None) if len(groups) == 1 else self._assemble_all()
-            if keys is None:  # key widths differ between groups: one group at a time
-                keys = []
-                for probe in self._groups:
+            if len(groups) == 1:
+                self._keys = self._assemble(groups[0], None)
+            else:
+                keys: list[bytes] = []
+                for probe in groups:
                     keys.extend(self._assemble(probe, None))
-            self._keys = keys
+                self._keys = keys
         return self._keys
-
-    def _assemble_all(self) -> list[bytes] | None:
-        """Every key from one buffer and one ``tolist`` when all keys share one width (the
-        usual case), else None."""
-        widths = set()
-        for probe in self._groups:
-            prefix_rows = self.layout.prefix_rows[probe.group_id]
-            if prefix_rows is None or probe.hex_rows is None:
-                return None
-            widths.add(prefix_rows.shape[1] + probe.hex_rows.shape[1])
-        if len(widths) != 1:
-            return None
-        width = widths.pop()
-        buf = np.empty((self.num_keys, width), dtype=np.uint8)
-        for probe in self._groups:
-            prefix_rows = self.layout.prefix_rows[probe.group_id]
-            assert prefix_rows is not None and probe.hex_rows is not None
-            k, plen = prefix_rows.shape
-            n = probe.hex_rows.shape[0]
-            part = buf[probe.key_offset : probe.key_offset + n * k].reshape(n, k, width)
-            part[:, :, :plen] = prefix_rows
-            part[:, :, plen:] = probe.hex_rows[:, None, :]
-        keys: list[bytes] = buf.view(f"S{width}").ravel().tolist()
-        return keys
 
     @property
     def groups(self) -> tuple[GroupProbe, ...]:
@@ -662,32 +639,11 @@ def _masked_chunks(layout: KVLayout, gid: int, limit: int, token_len: int) -> In
 def _hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     """Lower-case hex of each row, as a (n, 2 * width) uint8 array of ASCII."""
     n, width = rows.shape
-    rows = np.ascontiguousarray(rows)
-    if width % 2 == 0 and _HEX_TABLE_BYTES[0] <= n * width <= _HEX_TABLE_BYTES[1]:
-        # Two bytes at a time through a table of 4 hex digits: about twice as fast as
-        # binascii here. (Larger inputs pay for numpy's temporary index array instead.)
-        quads: npt.NDArray[np.uint32] = _hex_table().take(rows.view(np.uint16))
-        return quads.view(np.uint8).reshape(n, 2 * width)
     # hexlify reads the array's buffer directly: a tobytes() copy would double the memory
-    # traffic (and, at large sizes, the page faults).
-    text = binascii.hexlify(rows.data)
+    # traffic (and, at large sizes, the page faults). (A 65,536-entry table of hex digit
+    # quads beat it only while the table sat in cache, never in the benchmarks.)
+    text = binascii.hexlify(np.ascontiguousarray(rows).data)
     return np.frombuffer(text, dtype=np.uint8).reshape(n, 2 * width)
-
-
-_HEX_TABLE_BYTES = (1024, 32768)
-"""Input sizes (bytes) hex-encoded through :func:`_hex_table` (measured: faster than binascii)."""
-
-
-@functools.cache
-def _hex_table() -> npt.NDArray[np.uint32]:
-    """For each 2-byte value (native byte order), its 4 lower-case hex digits as one uint32."""
-    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-    pairs = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
-    quads = np.empty((1 << 16, 4), dtype=np.uint8)
-    quads[:, 0::2] = digits[pairs >> 4]
-    quads[:, 1::2] = digits[pairs & 15]
-    table: npt.NDArray[np.uint32] = quads.view(np.uint32).ravel()
-    return table
 
 
 def _duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> IntArray | None:
