@@ -363,6 +363,41 @@ def test_resolve_never_raises_on_store_values(value: Any) -> None:
         assert plan.resolve(np.array(mixed)) == plan.resolve(mixed)
 
 
+class _EqualsOne(int):
+    """An int whose == says "1" whatever its value (vLLM compares answers with == 1)."""
+
+    def __eq__(self, other: object) -> bool:
+        return other == 1
+
+    __hash__ = int.__hash__
+
+
+class _IndexOnly:
+    """Converts to an int, but is never == 1."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@pytest.mark.parametrize("odd", [_EqualsOne(2), _EqualsOne(-5), _IndexOnly(1), _IndexOnly(-1)])
+def test_resolve_compares_answers_with_eq_like_vllm(odd: Any) -> None:
+    """Answers whose integer value and ``== 1`` disagree follow ``== 1``, on every path."""
+    cases = ((_full16(), 48, 3), (_seed_layout(), 96, 12), (_dsv4(), 1024, 256))
+    for layout, token_len, n in cases:
+        plan = layout.plan(token_len, _hashes(n))
+        ref = BaselineLookup(layout.to_dict())
+        _, meta = ref.build_keys(token_len, _hashes(n))
+        for pattern in (lambda i: odd, lambda i: odd if i % 3 == 1 else 1,
+                        lambda i: odd if i % 3 == 1 else -7):
+            answers = [pattern(i) for i in range(plan.num_keys)]
+            want = ref.resolve(token_len, _hashes(n), meta, answers)
+            assert plan.resolve(answers) == want
+            assert plan.resolve(tuple(answers)) == want
+
+
 def test_resolve_accepts_numpy_dtypes() -> None:
     plan = _seed_layout().plan(96, _hashes(12))
     answers = [1, 0, 0, 1, 0, 0]

@@ -67,9 +67,9 @@ class _Lookup:
 
 _Subscribers = int | list[int]
 """Who waits for one key's answer: one subscriber, or a list of them (the key is shared). A
-subscriber is ``lookup.ident << _POS_BITS | position in the lookup's round``. Plain ints, not
-objects: under load every object the garbage collector tracks costs time, and a dict holding
-only ints is not tracked at all."""
+subscriber is ``lookup.ident << _POS_BITS | position in the lookup's round`` (a round has far
+fewer than 2**32 keys). Plain ints, not objects: under load every object the garbage collector
+tracks costs time, and a dict holding only ints is not tracked at all."""
 _POS_BITS = 32
 _POS_MASK = (1 << _POS_BITS) - 1
 

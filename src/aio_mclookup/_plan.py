@@ -199,6 +199,7 @@ class LookupPlan:
     def present_keys(self, exists: Sequence[int] | npt.NDArray[Any]) -> BoolArray:
         """vLLM's rule per key: only the value ``1`` means present."""
         answers = _numeric_answers(exists)
+        one_by_one = answers is None and isinstance(exists, (list, tuple))
         if answers is None:
             try:
                 answers = np.asarray(exists)
@@ -209,7 +210,8 @@ class LookupPlan:
                 f"exists must have one answer per key ({self.num_keys}), got shape "
                 f"{answers.shape}"
             )
-        if answers.dtype.kind not in "biuf":  # compare like Python: "1" != 1
+        if one_by_one or answers.dtype.kind not in "biuf":
+            # compare like Python (and vLLM): "1" != 1, an int subclass uses its own ==
             values = exists.tolist() if isinstance(exists, np.ndarray) else exists
             return np.fromiter((a == 1 for a in values), bool, self.num_keys)
         present: BoolArray = np.asarray(answers == 1, dtype=bool)
@@ -253,9 +255,10 @@ class LookupPlan:
         if isinstance(exists, (list, tuple)):
             if len(exists) != n:
                 return None
-            try:  # answers in 0..255 (the usual 0 and 1): count the leading 1s at C speed
-                run = n - len(bytes(exists).lstrip(b"\x01"))
-            except (TypeError, ValueError):
+            raw = _answer_bytes(exists)
+            if raw is not None:  # count the leading 1s at C speed
+                run = n - len(raw.lstrip(b"\x01"))
+            else:
                 if not _all_ints(exists):
                     return None
                 run = len(list(itertools.takewhile(functools.partial(operator.eq, 1), exists)))
@@ -474,15 +477,31 @@ def _numeric_answers(exists: object) -> npt.NDArray[Any] | None:
     if isinstance(exists, np.ndarray):
         return exists if exists.dtype.kind in "biuf" else None
     if isinstance(exists, (list, tuple)):
-        try:  # the usual answers (0 and 1) fit a byte: bytes() converts them fastest
-            return np.frombuffer(bytes(exists), dtype=np.uint8)
-        except (TypeError, ValueError):  # negative codes, big ints, or not ints at all
-            pass
+        raw = _answer_bytes(exists)
+        if raw is not None:
+            return np.frombuffer(raw, dtype=np.uint8)
         try:
-            return np.frombuffer(array.array("q", exists), dtype=np.int64)
+            answers = np.frombuffer(array.array("q", exists), dtype=np.int64)
         except (TypeError, OverflowError):  # floats, strings, None, nested, huge ints
             return None
+        return answers if exists.count(1) == np.count_nonzero(answers == 1) else None
     return None
+
+
+def _answer_bytes(exists: list[Any] | tuple[Any, ...]) -> bytes | None:
+    """The answers as one byte each when they all fit (the usual 0 and 1): the fastest
+    conversion. None when they do not (negative codes, big ints, not ints).
+
+    Converting reads each answer's integer value (``__index__``) where vLLM tests
+    ``answer == 1``; they agree for ints, bools and numpy integers. Answers that count
+    differently (int subclasses overriding ``==``, say) make this None, so that the caller
+    compares them one by one.
+    """
+    try:
+        raw = bytes(exists)
+    except (TypeError, ValueError):
+        return None
+    return raw if exists.count(1) == raw.count(1) else None
 
 
 def _concat_keys(
