@@ -582,22 +582,34 @@ class _Hashes:
         return self._duplicates
 
     def gather(
-        self, units: IntArray | slice
+        self, units: IntArray | slice, period: tuple[int, int] | None = None
     ) -> tuple[npt.NDArray[np.uint8] | None, list[bytes]]:
         """The hashes at ``units`` (indices, or a slice of the hashes): a (n, width) array when
-        they share one width, else bytes."""
+        they share one width, else bytes. ``period=(m, step)`` says the ascending indices
+        repeat every ``m`` with a shift of ``step`` (a sliding window's masked-in tails): a
+        list is then read with ``m`` strided slices, much faster than index by index."""
         if self.array is not None:
             if isinstance(units, slice):
                 return self.array[units].copy(), []  # the plan must not see later writes
             return self.array.take(units, axis=0), []
         assert self.items is not None
+        items = self.items
         if isinstance(units, slice):
-            if isinstance(self.items, (list, tuple)):  # other sequences: read index by index
-                return self._joined(self.items[units], range(units.start, units.stop, units.step))
+            if isinstance(items, (list, tuple)):  # other sequences: read index by index
+                return self._joined(items[units], range(units.start, units.stop, units.step))
             units = np.arange(units.start, units.stop, units.step, dtype=np.int64)
         if units.size == 0:
             return np.zeros((0, 0), dtype=np.uint8), []
-        picked = operator.itemgetter(*units.tolist())(self.items)
+        if period is not None and isinstance(items, (list, tuple)):
+            m, step = period
+            if units.size > m and (units[m:] - units[:-m] == step).all():
+                stop = int(units[-1]) + 1
+                slices = [items[start:stop:step] for start in units[:m].tolist()]
+                full = min(map(len, slices))  # the last period may be cut short
+                picked = list(itertools.chain.from_iterable(zip(*slices)))
+                picked += [part[full] for part in slices if len(part) > full]
+                return self._joined(picked, units)
+        picked = operator.itemgetter(*units.tolist())(items)
         return self._joined(picked if units.size > 1 else (picked,), units)
 
     @staticmethod
@@ -617,9 +629,9 @@ class _Hashes:
                         f"block_hashes[{pos}] must be bytes, got {type(item).__name__}"
                     ) from None
             raise
-        widths = set(map(len, items))
-        if len(widths) == 1 and len(joined) == len(items) * (width := widths.pop()):
-            return np.frombuffer(joined, dtype=np.uint8).reshape(len(items), width), []
+        n, width = len(items), len(joined) // len(items)
+        if len(joined) == n * width and list(map(len, items)).count(width) == n:  # one width
+            return np.frombuffer(joined, dtype=np.uint8).reshape(n, width), []
         return None, [bytes(item) for item in items]
 
 
@@ -634,6 +646,11 @@ def _probe_chunks(layout: KVLayout, gid: int, limit: int, token_len: int) -> Int
         chunks = cache[key] = _masked_chunks(layout, gid, limit, token_len)
         chunks.flags.writeable = False
     return chunks
+
+
+def _chunks_per_segment(layout: KVLayout, gid: int) -> int:
+    """Chunks of group ``gid`` per scheduler block (the period of a sliding window's mask)."""
+    return max(1, layout.scheduler_block_size // layout.groups[gid].block_size)
 
 
 def _masked_chunks(layout: KVLayout, gid: int, limit: int, token_len: int) -> IntArray:
@@ -719,8 +736,13 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
         chunks = _probe_chunks(layout, gid, limit, tokens)
         if chunks.size == limit:  # dense: every stride-th hash, sliced
             rows, items = hashes.gather(slice(stride - 1, limit * stride, stride))
-        else:
-            rows, items = hashes.gather(chunks * stride + (stride - 1))
+        else:  # a sliding window's tails: the same offsets in every scheduler block
+            period = None
+            if chunks.size:
+                segment = _chunks_per_segment(layout, gid)
+                per_block = int(np.searchsorted(chunks, chunks[0] + segment))
+                period = (per_block, segment * stride)
+            rows, items = hashes.gather(chunks * stride + (stride - 1), period)
         unprobed_ids = None
         if reads_unprobed and 0 < chunks.size < limit and hashes.has_duplicates():
             unprobed_ids = _unprobed_ids(hashes, stride, limit, chunks, rows, items)
