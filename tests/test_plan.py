@@ -269,6 +269,22 @@ def test_keys_at_matches_keys(layout: KVLayout) -> None:
     assert full.keys_at(span) == keys[span.start : span.stop]
 
 
+@pytest.mark.parametrize("eagle", [False, True])
+@pytest.mark.parametrize("extra", [0, 1, 2, 31, 33, 62, 63])
+def test_sliding_window_tails_read_from_lists_in_vllm_order(eagle: bool, extra: int) -> None:
+    """List hashes of a sliding window's tails are read with strided slices (one per offset in
+    the scheduler block), the last block possibly cut short by the hashes given."""
+    layout = _dsv4(use_eagle=eagle)
+    token_len = 256 * 8
+    n = 64 * 5 + extra  # fewer hashes than token_len needs: the last block is partial
+    hashes = [bytes(r) for r in np.random.default_rng(extra).integers(0, 256, (n, 8), np.uint8)]
+    want = _ref_keys(layout, token_len, hashes)
+    assert _decoded(layout.plan(token_len, hashes).keys) == want
+    assert _decoded(layout.plan(token_len, tuple(hashes)).keys) == want
+    mixed = hashes[:-1] + [hashes[-1] + b"!"]  # one wider hash: kept as bytes
+    assert _decoded(layout.plan(token_len, mixed).keys) == _ref_keys(layout, token_len, mixed)
+
+
 def test_plan_does_not_see_later_writes_to_the_hash_array() -> None:
     """The plan keeps its own copy of the hashes it reads: a caller reusing its buffer after
     planning cannot change which hashes count as repeats."""
