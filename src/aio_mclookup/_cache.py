@@ -24,7 +24,7 @@ class PositiveCache:
 
     def __init__(self) -> None:
         self._keys: dict[bytes, None] = {}
-        self._batches: list[tuple[float, int, list[bytes]]] = []  # a heap by expiry
+        self._batches: list[tuple[float, int, tuple[bytes, ...]]] = []  # a heap by expiry
         self._order = itertools.count()  # ties: first added, first dropped
 
     def __len__(self) -> int:
@@ -38,9 +38,10 @@ class PositiveCache:
         """The cached keys, for fast ``key in members`` tests (call :meth:`expire` first)."""
         return self._keys
 
-    def add(self, keys: list[bytes], expiry: float, max_keys: int) -> None:
+    def add(self, keys: Iterable[bytes], expiry: float, max_keys: int) -> None:
         """Remember ``keys`` until ``expiry`` (monotonic seconds), keeping at most
         ``max_keys`` keys."""
+        keys = tuple(keys)  # kept as a tuple: the GC stops tracking it after one look
         if not keys:
             return
         heapq.heappush(self._batches, (expiry, next(self._order), keys))
@@ -60,7 +61,7 @@ class PositiveCache:
         """How many of ``keys``, from the first, are cached (stops at the first that is not)."""
         return len(list(itertools.takewhile(self._keys.__contains__, keys)))
 
-    def _drop(self, keys: list[bytes]) -> None:
+    def _drop(self, keys: tuple[bytes, ...]) -> None:
         pop = self._keys.pop
         for key in keys:
             pop(key, None)

@@ -282,7 +282,7 @@ class LookupCoordinator:
         self._lookups[lookup.ident] = lookup
         self._pending_keys += plan.num_keys
         try:
-            if plan.num_keys <= _EAGER_KEYS:
+            if plan.num_keys <= _EAGER_KEYS and plan.key_array() is None:
                 plan.keys  # noqa: B018 - one vectorised build beats several partial ones
             if self.rounds and self._cache and not plan.probe_in_one_round:
                 self._prefill_from_cache(lookup)
@@ -470,7 +470,7 @@ class LookupCoordinator:
                 continue
             span = plan.key_span(probe)
             if plan.num_keys <= _EAGER_KEYS:  # built: scan at C speed up to the first miss
-                run = cache.leading(itertools.islice(plan.keys, span.start, span.stop))
+                run = cache.leading(plan.keys_at(span))
             else:  # walk a block at a time, so a short cached prefix costs little
                 run, block = 0, 32 * k
                 while run < len(span):
@@ -523,7 +523,7 @@ class LookupCoordinator:
         if slots <= 0:
             return
         queued = self._queued
-        keys = list(queued)
+        keys = tuple(queued)  # tuples of keys: the GC stops tracking them after one look
         if len(keys) > slots * self.max_keys_per_rpc:
             keys = keys[: slots * self.max_keys_per_rpc]
             taken = {key: queued.pop(key) for key in keys}
@@ -560,7 +560,7 @@ class LookupCoordinator:
         for lookup, _ in self._subscribed(subscribers):
             self._fail(lookup, StoreError(f"{why} (code {code})", code=code))
 
-    async def _rpc(self, keys: list[bytes]) -> None:
+    async def _rpc(self, keys: tuple[bytes, ...]) -> None:
         """One ``batch_is_exist`` call and the fan-out of its answers."""
         stats = self._stats
         stats.rpcs_total += 1
@@ -602,7 +602,7 @@ class LookupCoordinator:
         self._record_success()
         if self.cache_ttl is not None:  # before the fan-out: next rounds may read it
             self._cache.add(
-                list(itertools.compress(keys, present)),
+                tuple(itertools.compress(keys, present)),
                 sent_at + self.cache_ttl,
                 self.cache_max_keys,
             )

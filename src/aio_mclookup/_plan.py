@@ -88,7 +88,10 @@ class LookupPlan:
     then rank namespace. They are assembled on first access.
     """
 
-    __slots__ = ("_groups", "_keys", "_short", "layout", "num_keys", "token_len")
+    __slots__ = (
+        "_groups", "_key_array", "_key_array_tried", "_keys", "_short", "layout", "num_keys",
+        "token_len",
+    )
 
     def __init__(
         self, layout: KVLayout, token_len: int, groups: tuple[GroupProbe, ...], num_keys: int
@@ -98,21 +101,56 @@ class LookupPlan:
         self._groups = groups
         self.num_keys = num_keys
         self._keys: list[bytes] | None = None
+        self._key_array: npt.NDArray[np.bytes_] | None = None
+        self._key_array_tried = False
         self._short: bool | None = None
 
     @property
     def keys(self) -> list[bytes]:
         """The candidate keys (a shared list: do not mutate)."""
         if self._keys is None:
-            groups = self._groups
-            if len(groups) == 1:
-                self._keys = self._assemble(groups[0], None)
-            else:
-                keys: list[bytes] = []
-                for probe in groups:
+            array = self.key_array()
+            if array is not None:
+                keys: list[bytes] = array.tolist()
+            else:  # keys of different widths: group by group
+                keys = []
+                for probe in self._groups:
                     keys.extend(self._assemble(probe, None))
-                self._keys = keys
+            self._keys = keys
         return self._keys
+
+    def key_array(self) -> npt.NDArray[np.bytes_] | None:
+        """Every key in one fixed-width ``bytes`` array, built once, or None when the keys
+        differ in width. :meth:`keys_at` then slices it: a caller that keeps a plan alive
+        while it works (the coordinator) holds no Python object per key, which the garbage
+        collector would otherwise walk through at every collection."""
+        if not self._key_array_tried:
+            self._key_array_tried = True
+            self._key_array = self._build_key_array()
+        return self._key_array
+
+    def _build_key_array(self) -> npt.NDArray[np.bytes_] | None:
+        probes = [p for p in self._groups if p.chunks.size]
+        widths = set()
+        for probe in probes:
+            prefix_rows = self.layout.prefix_rows[probe.group_id]
+            if prefix_rows is None or probe.hex_rows is None:
+                return None
+            widths.add(prefix_rows.shape[1] + probe.hex_rows.shape[1])
+        if len(widths) != 1:
+            return None
+        width = widths.pop()
+        buf = np.empty((self.num_keys, width), dtype=np.uint8)
+        for probe in probes:
+            prefix_rows = self.layout.prefix_rows[probe.group_id]
+            assert prefix_rows is not None and probe.hex_rows is not None
+            k, plen = prefix_rows.shape
+            n = probe.hex_rows.shape[0]
+            part = buf[probe.key_offset : probe.key_offset + n * k].reshape(n, k, width)
+            part[:, :, :plen] = prefix_rows
+            part[:, :, plen:] = probe.hex_rows[:, None, :]
+        array: npt.NDArray[np.bytes_] = buf.view(f"S{width}").ravel()
+        return array
 
     @property
     def groups(self) -> tuple[GroupProbe, ...]:
@@ -158,6 +196,12 @@ class LookupPlan:
             if isinstance(indices, range):
                 return self._keys[indices.start : indices.stop]
             return [self._keys[i] for i in indices.tolist()]
+        if self._key_array is not None:
+            if isinstance(indices, range):
+                picked: list[bytes] = self._key_array[indices.start : indices.stop].tolist()
+            else:
+                picked = self._key_array[indices].tolist()
+            return picked
         if isinstance(indices, range):
             indices = np.arange(indices.start, indices.stop, dtype=np.int64)
         k = len(self.layout.namespaces)
