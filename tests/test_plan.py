@@ -281,7 +281,7 @@ def test_sliding_window_tails_read_from_lists_in_vllm_order(eagle: bool, extra: 
     want = _ref_keys(layout, token_len, hashes)
     assert _decoded(layout.plan(token_len, hashes).keys) == want
     assert _decoded(layout.plan(token_len, tuple(hashes)).keys) == want
-    mixed = hashes[:-1] + [hashes[-1] + b"!"]  # one wider hash: kept as bytes
+    mixed = [*hashes[:-1], hashes[-1] + b"!"]  # one wider hash: kept as bytes
     assert _decoded(layout.plan(token_len, mixed).keys) == _ref_keys(layout, token_len, mixed)
 
 
