@@ -432,9 +432,7 @@ class LookupCoordinator:
                 yield lookup, sub & _POS_MASK
 
     def _answer(self, subscribers: _Subscribers, present: bool) -> None:
-        for lookup, pos in self._subscribed(subscribers):
-            if lookup.done:  # an earlier subscriber's next round may have settled it
-                continue
+        for lookup, pos in self._subscribed(subscribers):  # skips lookups settled meanwhile
             lookup.round_present[pos] = present
             lookup.waiting -= 1
             if lookup.waiting == 0:

@@ -130,6 +130,7 @@ class LookupPlan:
         return self._key_array
 
     def _build_key_array(self) -> npt.NDArray[np.bytes_] | None:
+        """``prefix@hex`` rows of every group in one buffer (None: widths differ)."""
         probes = [p for p in self._groups if p.chunks.size]
         widths = set()
         for probe in probes:
