@@ -1,8 +1,13 @@
-"""PositiveCache: membership is validity; batches expire by their own time; the size bound."""
+"""PositiveCache: membership is validity; batches expire by their own time; the size bound.
+KnownPrefixes: runs of present chunks by hash rows, their expiry per row, merging and bound."""
 
 from __future__ import annotations
 
-from aio_mclookup._cache import PositiveCache
+import math
+
+import numpy as np
+
+from aio_mclookup._cache import RUN_OVERHEAD_ROWS, KnownPrefixes, PositiveCache
 
 
 def test_keys_expire_at_their_expiry() -> None:
@@ -54,11 +59,83 @@ def test_a_late_batch_leaves_the_others_alone() -> None:
     assert b"late" not in cache and len(cache) == 400_000
 
 
-def test_leading_counts_cached_keys_up_to_the_first_miss() -> None:
+def test_leading_counts_cached_keys_up_to_the_first_miss_with_their_earliest_expiry() -> None:
     cache = PositiveCache()
     cache.add([b"a", b"b", b"d"], expiry=5.0, max_keys=100)
-    assert cache.leading([b"a", b"b", b"c", b"d"]) == 2
-    assert cache.leading(iter([b"c", b"a"])) == 0
-    assert cache.leading([]) == 0
+    cache.add([b"a"], expiry=7.0, max_keys=100)  # a later answer: a holds until 7
+    assert cache.leading([b"a", b"b", b"c", b"d"]) == (2, 5.0)
+    assert cache.leading([b"a", b"e"]) == (1, 7.0)
+    assert cache.leading([b"c", b"a"]) == (0, math.inf)
+    assert cache.leading([]) == (0, math.inf)
+    assert cache.members[b"d"] == 5.0
     cache.add([], expiry=1.0, max_keys=100)
     assert len(cache) == 3
+
+
+def _rows(*values: int, width: int = 4) -> np.ndarray:
+    """One hash row per value (its bytes, little-endian)."""
+    return np.array([list(v.to_bytes(width, "little")) for v in values], dtype=np.uint8)
+
+
+SIG = (b"model@tp_rank:0@group:0@",)
+
+
+def test_known_prefixes_count_the_rows_shared_with_a_stored_run() -> None:
+    known = KnownPrefixes()
+    known.add(SIG, _rows(1, 2, 3, 4), until=10.0, max_rows=1000)
+    assert known.leading(SIG, _rows(1, 2, 3, 4, 5), now=0.0) == (4, 10.0)
+    assert known.leading(SIG, _rows(1, 2, 9, 4), now=0.0) == (2, 10.0)  # diverges at row 2
+    assert known.leading(SIG, _rows(1, 2), now=0.0) == (2, 10.0)
+    assert known.leading(SIG, _rows(7, 2, 3), now=0.0) == (0, math.inf)  # another first hash
+    assert known.leading(("other@",), _rows(1, 2, 3), now=0.0) == (0, math.inf)
+    assert known.leading(SIG, _rows(), now=0.0) == (0, math.inf)
+    assert known.leading(SIG, _rows(1, 2, width=8), now=0.0) == (0, math.inf)  # other width
+
+
+def test_known_prefixes_expire_row_by_row_from_the_end() -> None:
+    known = KnownPrefixes()
+    known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000)
+    known.add(SIG, _rows(1, 2, 3, 4), until=5.0, max_rows=1000)  # extends; rows 0-1 keep 10
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=0.0) == (4, 5.0)
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=5.0) == (2, 10.0)  # 3 and 4 are stale
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=10.0) == (0, math.inf)
+    assert len(known) == 0  # a wholly stale run is dropped when met
+
+
+def test_known_prefixes_keep_each_rows_latest_expiry_but_never_beyond_an_earlier_row() -> None:
+    known = KnownPrefixes()
+    known.add(SIG, _rows(1, 2, 3), until=5.0, max_rows=1000)
+    known.add(SIG, _rows(1, 2), until=8.0, max_rows=1000)  # a prefix: refreshes rows 0-1
+    assert known.leading(SIG, _rows(1, 2, 3), now=6.0) == (2, 8.0)
+    known.add(SIG, _rows(1, 2, 3), until=4.0, max_rows=1000)  # older news changes nothing
+    assert known.leading(SIG, _rows(1, 2, 3), now=0.0) == (3, 5.0)
+    assert known.leading(SIG, _rows(1, 2, 3), now=5.5) == (2, 8.0)
+
+
+def test_known_prefixes_a_diverging_run_replaces_the_stored_one_from_the_divergence() -> None:
+    known = KnownPrefixes()
+    known.add(SIG, _rows(1, 2, 3, 4), until=10.0, max_rows=1000)
+    known.add(SIG, _rows(1, 2, 8), until=6.0, max_rows=1000)
+    assert known.leading(SIG, _rows(1, 2, 8, 9), now=0.0) == (3, 6.0)
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=0.0) == (2, 10.0)  # the common part
+    assert len(known) == 3 + RUN_OVERHEAD_ROWS
+
+
+def test_known_prefixes_keep_their_own_copy_of_the_rows() -> None:
+    known = KnownPrefixes()
+    rows = _rows(1, 2, 3)
+    known.add(SIG, rows, until=10.0, max_rows=1000)
+    rows[1] = 0
+    assert known.leading(SIG, _rows(1, 2, 3), now=0.0) == (3, 10.0)
+
+
+def test_known_prefixes_stay_within_max_rows_dropping_the_oldest_runs() -> None:
+    known = KnownPrefixes()
+    limit = 3 * (4 + RUN_OVERHEAD_ROWS)
+    for first in range(1, 6):
+        known.add(SIG, _rows(first, 100, 101, 102), until=10.0, max_rows=limit)
+        assert len(known) <= limit
+    assert known.leading(SIG, _rows(1, 100), now=0.0) == (0, math.inf)
+    assert known.leading(SIG, _rows(5, 100), now=0.0) == (2, 10.0)
+    known.add(SIG, _rows(9, *range(200, 260)), until=10.0, max_rows=limit)  # alone too big
+    assert len(known) <= limit

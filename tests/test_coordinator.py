@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup import FakeStore, KVLayout, LookupCoordinator
+from aio_mclookup._plan import LookupPlan
 from helpers import chain
 
 CASES = [
@@ -100,8 +101,10 @@ async def test_keys_are_deduplicated_across_callers() -> None:
         hits = await asyncio.gather(*(coord.lookup(512, hashes) for _ in range(10)))
         stats = coord.stats()
     assert hits == [512] * 10
-    assert stats.keys_sent_total == 32
-    assert stats.dedup_hits_total == 9 * 32
+    assert stats.keys_sent_total == 32 and stats.rpcs_total == 1
+    # every other caller's keys joined the first one's (a scout, asked again in a later round
+    # while no cache keeps it, joins again)
+    assert stats.dedup_hits_total >= 9 * 32
 
 
 async def test_rpcs_are_split_at_max_keys_per_rpc() -> None:
@@ -216,6 +219,85 @@ async def test_cache_keeps_only_positive_answers() -> None:
         assert await coord.lookup(64, hashes) == 0
         store.add(FULL16.plan(64, hashes).keys)
         assert await coord.lookup(64, hashes) == 64
+
+
+async def test_known_prefixes_skip_a_shared_prefix_without_building_its_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A settled lookup's present prefix is remembered by hash rows: a later request sharing
+    it sends only the chunks after the shared part (an idle store gets them all at once) and
+    builds no key of the shared part."""
+    doc = chain(64, b"doc")
+    store = FakeStore(FULL16.plan(1024, doc).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        assert await coord.lookup(1024, doc) == 1024
+        rows = np.frombuffer(b"".join(doc[:40] + chain(24, b"tail")), np.uint8).reshape(64, 32)
+        want_keys = FULL16.plan(1024, rows).keys[40:]
+        built: list[int] = []
+        keys_at = LookupPlan.keys_at
+
+        def recording_keys_at(plan: LookupPlan, indices: Any) -> list[bytes]:
+            built.extend(np.asarray(indices).tolist())
+            return keys_at(plan, indices)
+
+        monkeypatch.setattr(LookupPlan, "keys_at", recording_keys_at)
+        monkeypatch.setattr(LookupPlan, "key_array", lambda plan: pytest.fail("built them all"))
+        assert await coord.lookup(1024, rows) == 640
+        assert sorted(built) == list(range(40, 64))
+        assert store.calls[-1] == want_keys  # one RPC
+        assert coord.stats().cache_hits_total == 40
+
+
+async def test_known_prefixes_expire_with_the_answers_they_rest_on() -> None:
+    doc = chain(16, b"exp")
+    store = FakeStore(FULL16.plan(256, doc).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=0.05) as coord:
+        assert await coord.lookup(256, doc) == 256
+        store.present.clear()
+        assert await coord.lookup(256, doc) == 256  # still within the TTL: known present
+        await asyncio.sleep(0.06)
+        assert await coord.lookup(256, doc) == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    window=st.sampled_from([None, 1, 2, 8, 16]),
+    namespaces=st.sampled_from([1, 2]),
+    concurrency=st.sampled_from([1, 8, 64]),
+)
+def test_property_chat_prefixes_equal_plan_resolve(
+    seed: int, window: int | None, namespaces: int, concurrency: int
+) -> None:
+    """Chat-like requests (documents shared up to a random cut, some chunks missing from the
+    store) through the caches, scouts and rounds: every answer equals plan.resolve."""
+    rng = random.Random(seed)
+    layout = KVLayout([mcl.FullAttention(16)], model="org/chat", hash_block_size=16,
+                      scheduler_block_size=16, tp_size=namespaces, num_kv_heads=namespaces)
+    docs = [chain(48, b"d%d-%d" % (seed, d)) for d in range(3)]
+    store = FakeStore()
+    for doc in docs:
+        keys = layout.plan(16 * 48, doc).keys
+        store.add(k for k in keys if rng.random() < 0.97)
+    requests = []
+    for i in range(60):
+        doc = rng.choice(docs)
+        cut = rng.randrange(0, 49)
+        hashes = doc[:cut] + chain(48 - cut, b"t%d-%d" % (seed, i))
+        requests.append((16 * rng.randrange(1, 49), hashes))
+
+    async def run() -> list[int]:
+        sem = asyncio.Semaphore(concurrency)
+        async with LookupCoordinator(layout, store, cache_ttl=5.0, probe_window=window) as coord:
+            async def one(token_len: int, hashes: list[bytes]) -> int:
+                async with sem:
+                    await asyncio.sleep(rng.random() * 0.001)
+                    return await coord.lookup(token_len, hashes)
+
+            return await asyncio.gather(*(one(t, h) for t, h in requests))
+
+    hits = asyncio.run(run())
+    assert hits == [expected(layout, store, t, h) for t, h in requests]
 
 
 async def test_failed_rpc_reaches_only_its_callers() -> None:

@@ -344,6 +344,63 @@ def test_prefix_probing_accepts_answers_in_any_order(eagle: bool) -> None:
         assert in_order.hit == want
 
 
+@pytest.mark.parametrize("namespaces", [1, 2])
+def test_prefix_probing_scouts_bound_the_first_miss(namespaces: int) -> None:
+    """A wide prefix-mode window also probes four scouts in the next, twice as wide window;
+    the first absent scout bounds the next window, which then stops short of it."""
+    k = namespaces
+    plan = _full16(tp_size=k, num_kv_heads=k).plan(16 * 100, _hashes(100))
+    state = plan.probing()
+    idx = state.next_keys(window=8)
+    chunks = sorted({i // k for i in np.asarray(idx).tolist()})
+    assert chunks == [*range(8), 11, 15, 19, 23]  # the window, then quarter ends of [8, 24)
+    assert len(idx) == 12 * k
+    present = np.ones(plan.num_keys, dtype=bool)
+    present[19 * k] = False  # scout 19 absent (its first namespace)
+    state.record(idx, present[np.asarray(idx)])
+    assert state.known_prefix == 8 and state.hit is None
+    nxt = state.next_keys(window=64)
+    assert isinstance(nxt, range) and (nxt.start, nxt.stop) == (8 * k, 19 * k)  # stops at 19
+    state.record(nxt, present[nxt.start : nxt.stop])
+    assert state.next_keys() is not None and state.hit == 19 * 16 == plan.resolve(present)
+    assert state.known_prefix == 19
+
+
+def test_prefix_probing_with_scouts_matches_resolve_on_random_answers() -> None:
+    """Whatever the answers (scouts and windows answered in any pattern), rounds reach
+    resolve's hit; a key is probed again only after a scout found it present (the
+    coordinator's cache then answers it)."""
+    rng = random.Random(5)
+    for _ in range(300):
+        k = rng.choice([1, 2])
+        n = rng.randrange(1, 70)
+        plan = _full16(tp_size=k, num_kv_heads=k).plan(16 * n, _hashes(n))
+        present = np.array([rng.random() < 0.97 for _ in range(plan.num_keys)])
+        if rng.random() < 0.5:  # chat-like: a present prefix, then absent
+            cut = rng.randrange(0, plan.num_keys + 1)
+            present[:cut], present[cut:] = True, False
+        state = plan.probing()
+        probed: set[int] = set()
+        while len(idx := state.next_keys(window=rng.choice([1, 3, 8, 16, 40, None]))):
+            got = np.asarray(idx).tolist()
+            assert all(present[i] for i in probed.intersection(got))
+            probed.update(got)
+            state.record(idx, present[got])
+        assert state.hit == plan.resolve(present.astype(int))
+
+
+def test_keys_at_hex_encodes_only_the_hashes_it_needs() -> None:
+    """Probing in rounds builds only the keys a round asks for: a few keys, or a range, of a
+    fresh plan leave the other hashes un-encoded."""
+    rows = np.random.default_rng(3).integers(0, 256, size=(64, 32), dtype=np.uint8)
+    plan = _full16().plan(16 * 64, rows)
+    keys = _full16().plan(16 * 64, rows).keys
+    assert plan.keys_at(range(10, 13)) == keys[10:13]
+    assert plan.keys_at(np.array([0, 40, 63])) == [keys[0], keys[40], keys[63]]
+    assert plan.groups[0]._hex_rows is None  # nothing else was encoded
+    assert plan.keys_at(range(0, 64)) == keys
+
+
 # ------------------------------------------------------------------------------ resolve
 @pytest.mark.parametrize("exists", [[1, 1], [1, 1, 1, 1], [], None, [[1, 1, 1]], 1])
 def test_resolve_with_wrong_shape_is_refused(exists: Any) -> None:

@@ -1,19 +1,33 @@
-"""The coordinator's positive-answer cache: keys the store recently answered present.
+"""The coordinator's positive-answer caches: what the store recently answered present.
 
-Membership is validity. Keys are kept in batches (one per RPC), each with its expiry (the RPC's
-send time + ``cache_ttl``), in a heap; :meth:`PositiveCache.expire` drops every batch whose
-time is up, so a lookup can test many keys at C speed (``dict.__contains__``) with no per-key
-clock check. A key answered present by two RPCs goes with the first batch to expire: early,
-never late.
+:class:`PositiveCache` holds keys; :class:`KnownPrefixes` holds runs of full-attention chunks
+known present from a request's first chunk on, as raw hash rows, so that a lookup sharing one
+skips those keys without building them.
+
+PositiveCache: membership is validity. Keys are kept in batches (one per RPC), each with its
+expiry (the RPC's send time + ``cache_ttl``), in a heap; :meth:`PositiveCache.expire` drops
+every batch whose time is up, so a lookup can test many keys at C speed (``dict.get``) with no
+per-key clock check. A key answered present by two RPCs goes with the first batch to expire:
+early, never late. Each key also keeps the expiry of its latest answer, which is what a known
+prefix built on it inherits.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-__all__ = ["PositiveCache"]
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["KnownPrefixes", "PositiveCache"]
+
+_NEVER = math.inf
+RUN_OVERHEAD_ROWS = 8
+"""What a run costs beyond its rows, in rows, against ``max_rows`` (small runs stay bounded)."""
 
 
 class PositiveCache:
@@ -23,7 +37,7 @@ class PositiveCache:
     __slots__ = ("_batches", "_keys", "_order")
 
     def __init__(self) -> None:
-        self._keys: dict[bytes, None] = {}
+        self._keys: dict[bytes, float] = {}  # key -> expiry of its latest positive answer
         self._batches: list[tuple[float, int, tuple[bytes, ...]]] = []  # a heap by expiry
         self._order = itertools.count()  # ties: first added, first dropped
 
@@ -34,8 +48,9 @@ class PositiveCache:
         return key in self._keys
 
     @property
-    def members(self) -> Mapping[bytes, None]:
-        """The cached keys, for fast ``key in members`` tests (call :meth:`expire` first)."""
+    def members(self) -> Mapping[bytes, float]:
+        """The cached keys, each with the expiry of its latest positive answer, for fast
+        ``members.get(key)`` tests (call :meth:`expire` first)."""
         return self._keys
 
     def add(self, keys: Iterable[bytes], expiry: float, max_keys: int) -> None:
@@ -45,7 +60,7 @@ class PositiveCache:
         if not keys:
             return
         heapq.heappush(self._batches, (expiry, next(self._order), keys))
-        self._keys.update(dict.fromkeys(keys))
+        self._keys.update(dict.fromkeys(keys, expiry))
         if len(self._keys) > max_keys:
             target = max_keys - max_keys // 10
             while self._batches and len(self._keys) > target:
@@ -57,11 +72,111 @@ class PositiveCache:
         while batches and batches[0][0] <= now:
             self._drop(heapq.heappop(batches)[2])
 
-    def leading(self, keys: Iterable[bytes]) -> int:
-        """How many of ``keys``, from the first, are cached (stops at the first that is not)."""
-        return len(list(itertools.takewhile(self._keys.__contains__, keys)))
+    def leading(self, keys: Sequence[bytes]) -> tuple[int, float]:
+        """How many of ``keys``, from the first, are cached, and until when all of those are
+        known present (``inf`` when none are)."""
+        expiries = list(map(self._keys.get, keys))
+        run = expiries.index(None) if None in expiries else len(expiries)
+        known: list[float] = expiries[:run]  # type: ignore[assignment]  # no None before run
+        return run, min(known, default=_NEVER)
 
     def _drop(self, keys: tuple[bytes, ...]) -> None:
         pop = self._keys.pop
         for key in keys:
             pop(key, None)
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    rows: npt.NDArray[np.uint8]
+    """Raw hashes of the chunks known present, from the first chunk on."""
+    until: npt.NDArray[np.float64]
+    """Per row: until when every row up to it is known present (non-increasing)."""
+
+
+class KnownPrefixes:
+    """Runs of full-attention chunks known present from a request's first chunk on.
+
+    A run is found by its key signature (the key prefixes of the group's rank namespaces: the
+    same hash rows then make the same keys) and its first hash. It holds the chunks' raw hash
+    rows; a lookup compares its own rows with them in one vectorised step instead of building
+    and testing a key per chunk. Only the leading part of a run can matter (a full-attention
+    hit stops at the first miss), so each row keeps the earliest expiry of the rows up to it.
+    One run per first hash: a request that diverges from the stored run replaces it from the
+    divergence on. At most ``max_rows`` rows in all, each run counting
+    :data:`RUN_OVERHEAD_ROWS` more (the runs stored or refreshed longest ago go first).
+    """
+
+    __slots__ = ("_rows", "_runs")
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[Hashable, bytes], _Run] = {}
+        self._rows = 0
+
+    def __len__(self) -> int:
+        """Rows held, over all runs (each counting ``RUN_OVERHEAD_ROWS`` more)."""
+        return self._rows
+
+    def leading(
+        self, signature: Hashable, rows: npt.NDArray[np.uint8], now: float
+    ) -> tuple[int, float]:
+        """How many of ``rows`` (a request's chunk hashes, from the first) are known present
+        at ``now``, and until when all of those are (``inf`` when none are)."""
+        if not rows.shape[0]:
+            return 0, _NEVER
+        key = (signature, rows[0].tobytes())
+        run = self._runs.get(key)
+        if run is None:
+            return 0, _NEVER
+        until = run.until
+        if until[0] <= now:  # the whole run is out of date
+            del self._runs[key]
+            self._rows -= until.shape[0] + RUN_OVERHEAD_ROWS
+            return 0, _NEVER
+        m = min(rows.shape[0], until.shape[0])
+        if until[m - 1] <= now:  # its tail is out of date
+            m = int(np.count_nonzero(until[:m] > now))
+        count = _common_rows(rows[:m], run.rows[:m])
+        return count, (float(until[count - 1]) if count else _NEVER)
+
+    def add(
+        self, signature: Hashable, rows: npt.NDArray[np.uint8], until: float, max_rows: int
+    ) -> None:
+        """Remember that ``rows`` (chunk hashes from a request's first) are present until
+        ``until`` (monotonic seconds)."""
+        count = rows.shape[0]
+        if not count:
+            return
+        key = (signature, rows[0].tobytes())
+        run = self._runs.pop(key, None)  # re-added last: the newest runs go last
+        if run is not None:
+            self._rows -= run.until.shape[0] + RUN_OVERHEAD_ROWS
+            common = _common_rows(rows, run.rows)
+            if common == count:  # a prefix of the stored run: keep it, refresh these rows
+                np.maximum(run.until[:count], until, out=run.until[:count])
+                self._store(key, run, max_rows)
+                return
+            expiry = np.full(count, until)
+            np.maximum(run.until[:common], until, out=expiry[:common])
+        else:
+            expiry = np.full(count, until)
+        self._store(key, _Run(np.array(rows, dtype=np.uint8), expiry), max_rows)
+
+    def _store(self, key: tuple[Hashable, bytes], run: _Run, max_rows: int) -> None:
+        self._runs[key] = run
+        self._rows += run.until.shape[0] + RUN_OVERHEAD_ROWS
+        while self._rows > max_rows and self._runs:
+            oldest = next(iter(self._runs))
+            self._rows -= self._runs.pop(oldest).until.shape[0] + RUN_OVERHEAD_ROWS
+
+
+def _common_rows(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> int:
+    """How many leading rows ``a`` and ``b`` share (same width; the shorter one's length at
+    most)."""
+    m = min(a.shape[0], b.shape[0])
+    if not m:
+        return 0
+    differs = (a[:m] != b[:m]).ravel()
+    first = int(differs.argmax())
+    width: int = a.shape[1]
+    return first // width if differs[first] else m

@@ -20,12 +20,17 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
 import time
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
-from ._cache import PositiveCache
+import numpy as np
+import numpy.typing as npt
+
+from ._cache import KnownPrefixes, PositiveCache
 from ._errors import (
     ClosedError,
     Error,
@@ -44,7 +49,9 @@ __all__ = ["LookupCoordinator"]
 logger = logging.getLogger("aio_mclookup")
 
 _UNSET: float = float("nan")
-_EAGER_KEYS = 4096  # plans up to this many keys build them all at once
+_EAGER_KEYS = 4096  # plans up to this many keys build them all at once (but a lone
+# full-attention group builds only the ranges its rounds probe: most are never needed)
+_NOTHING_CACHED: Mapping[bytes, float] = MappingProxyType({})
 
 
 @dataclass(eq=False)
@@ -57,10 +64,18 @@ class _Lookup:
     ident: int
     """Its number among the coordinator's lookups (>= 1), as used in :data:`_Subscribers`."""
     round_keys: KeyIndices = range(0)
-    round_present: list[bool] = field(default_factory=list)
+    round_present: list[float] = field(default_factory=list)
+    """Per key of the round: 0.0 absent, else until when it is known present (see _rpc)."""
     waiting: int = 0
     cached_prefix: bool = False
     """The cache knew a prefix: the chunk after it was probed lately and was likely absent."""
+    prefix_rows: npt.NDArray[np.uint8] | None = None
+    """A lone full-attention group's hash rows, when its known-present prefix is to be
+    remembered in the coordinator's :class:`KnownPrefixes` once the lookup settles."""
+    prefix_from_runs: int = 0
+    """Chunks the known prefixes answered at the start (nothing new to remember there)."""
+    valid_until: float = math.inf
+    """Until when every presence this lookup relied on holds (its earliest expiry)."""
     done: bool = False
     """Settled (result, error or cancelled): answers for it are dropped."""
 
@@ -163,7 +178,9 @@ class LookupCoordinator:
         self._stats = CoordinatorStats()
         self._queued: dict[bytes, _Subscribers] = {}
         self._in_flight: dict[bytes, _Subscribers] = {}
+        self._answering: dict[bytes, float] = {}  # the answers being fanned out right now
         self._cache = PositiveCache()  # filled only while cache_ttl is set
+        self._prefixes = KnownPrefixes()  # likewise
         self._lookups: dict[int, _Lookup] = {}  # by ident: the subscribers' registry
         self._idents = itertools.count(1)
         self._dispatch_lookups: set[_Lookup] = set()
@@ -282,10 +299,15 @@ class LookupCoordinator:
         self._lookups[lookup.ident] = lookup
         self._pending_keys += plan.num_keys
         try:
-            if plan.num_keys <= _EAGER_KEYS and plan.key_array() is None:
-                plan.keys  # noqa: B018 - one vectorised build beats several partial ones
-            if self.rounds and self._cache and not plan.probe_in_one_round:
-                self._prefill_from_cache(lookup)
+            prefix_mode = lookup.state.known_prefix is not None
+            if not prefix_mode and plan.num_keys <= _EAGER_KEYS:
+                _build_keys(plan)  # one vectorised build beats several partial ones
+            if (
+                self.rounds
+                and (self.cache_ttl is not None or self._cache or self._prefixes)
+                and not plan.probe_in_one_round
+            ):
+                self._prefill_from_cache(lookup, prefix_mode)
             self._next_round(lookup)
             return await lookup.future
         finally:
@@ -374,14 +396,40 @@ class LookupCoordinator:
                 lookup.done = True
                 if not lookup.future.done():
                     lookup.future.set_result(state.hit)
+                    if lookup.prefix_rows is not None:
+                        self._remember_prefix(lookup)
                 return
             self._stats.rounds_total += 1
             lookup.round_keys = wanted
-            lookup.round_present = [False] * count
+            lookup.round_present = [0.0] * count
             lookup.waiting = count
             if self._subscribe(lookup, lookup.plan.keys_at(wanted)):
                 return  # answers will arrive from the store
-            state.record(lookup.round_keys, lookup.round_present)
+            self._record_round(lookup)
+
+    def _record_round(self, lookup: _Lookup) -> None:
+        """Every answer of the round is in: record them (and how long they hold)."""
+        if lookup.prefix_rows is not None:
+            until = min(filter(None, lookup.round_present), default=math.inf)
+            if until < lookup.valid_until:
+                lookup.valid_until = until
+        lookup.state.record(lookup.round_keys, lookup.round_present)
+
+    def _remember_prefix(self, lookup: _Lookup) -> None:
+        """A lone full-attention lookup settled: remember its present prefix by hash rows."""
+        assert lookup.prefix_rows is not None
+        known = lookup.state.known_prefix
+        if (
+            known is not None
+            and known > lookup.prefix_from_runs
+            and lookup.valid_until > time.monotonic()
+        ):
+            self._prefixes.add(
+                lookup.plan.layout.prefix_bytes[0],
+                lookup.prefix_rows[:known],
+                lookup.valid_until,
+                self.cache_max_keys,
+            )
 
     def _subscribe(self, lookup: _Lookup, keys: Sequence[bytes]) -> bool:
         """Answer what the cache knows, join shared probes, queue the rest.
@@ -389,20 +437,28 @@ class LookupCoordinator:
         Returns True when some answers are still to come.
         """
         stats = self._stats
-        cached: Container[bytes] = ()
+        cached: Mapping[bytes, float] = _NOTHING_CACHED
         if self._cache:
             self._cache.expire(time.monotonic())
             cached = self._cache.members
         queued = self._queued
         in_flight = self._in_flight
+        answering = self._answering
         present = lookup.round_present
         base = lookup.ident << _POS_BITS
-        fresh = hits = shared = 0
+        fresh = hits = shared = just_answered = 0
         for pos, key in enumerate(keys):
-            if key in cached:
-                present[pos] = True
+            until = cached.get(key)
+            if until is not None:
+                present[pos] = until
                 hits += 1
                 continue
+            if answering:  # answered by the RPC whose answers are being fanned out
+                answer = answering.get(key)
+                if answer is not None:
+                    present[pos] = answer
+                    just_answered += 1
+                    continue
             table = in_flight if key in in_flight else queued
             subscribers = table.get(key)
             if subscribers is None:
@@ -414,9 +470,9 @@ class LookupCoordinator:
             else:
                 subscribers.append(base | pos)
             shared += 1
-        stats.dedup_hits_total += shared
+        stats.dedup_hits_total += shared + just_answered
         stats.cache_hits_total += hits
-        lookup.waiting -= hits
+        lookup.waiting -= hits + just_answered
         if fresh:
             self._dispatch_lookups.add(lookup)
             assert self._wake is not None
@@ -431,7 +487,7 @@ class LookupCoordinator:
             if lookup is not None and not lookup.done:
                 yield lookup, sub & _POS_MASK
 
-    def _answer(self, subscribers: _Subscribers, present: bool) -> None:
+    def _answer(self, subscribers: _Subscribers, present: float) -> None:
         for lookup, pos in self._subscribed(subscribers):  # skips lookups settled meanwhile
             lookup.round_present[pos] = present
             lookup.waiting -= 1
@@ -442,7 +498,7 @@ class LookupCoordinator:
         """A round is answered: record it and go on. Runs inside a shared RPC task, so a
         failure (vLLM's own IndexError cases surface as InvalidRequest) ends only this lookup."""
         try:
-            lookup.state.record(lookup.round_keys, lookup.round_present)
+            self._record_round(lookup)
             self._next_round(lookup)
         except Exception as exc:
             self._fail(lookup, exc if isinstance(exc, Error) else StoreError(repr(exc)))
@@ -454,12 +510,18 @@ class LookupCoordinator:
             lookup.future.set_exception(error)
         lookup.done = True
 
-    def _prefill_from_cache(self, lookup: _Lookup) -> None:
-        """Answer the full-attention chunks the positive cache knows, before the first round,
-        so the first probe starts where the cached prefix ends."""
+    def _prefill_from_cache(self, lookup: _Lookup, prefix_mode: bool) -> None:
+        """Answer the full-attention chunks the caches know, before the first round, so the
+        first probe starts where the cached prefix ends.
+
+        A lone full-attention group first asks the known prefixes (one compare of hash rows,
+        no keys built); then, for every full-attention group, the key cache is read a block
+        at a time from there, so a short cached prefix costs little.
+        """
         plan = lookup.plan
         cache = self._cache
-        cache.expire(time.monotonic())
+        now = time.monotonic()
+        cache.expire(now)
         k = len(plan.layout.namespaces)
         for probe in plan.groups:
             if not probe.chunks.size or not isinstance(
@@ -467,17 +529,25 @@ class LookupCoordinator:
             ):
                 continue
             span = plan.key_span(probe)
-            if plan.num_keys <= _EAGER_KEYS:  # built: scan at C speed up to the first miss
-                run = cache.leading(plan.keys_at(span))
-            else:  # walk a block at a time, so a short cached prefix costs little
-                run, block = 0, 32 * k
+            run = 0
+            if prefix_mode and probe.hash_rows is not None:
+                if self.cache_ttl is not None:  # remember its prefix once it settles
+                    lookup.prefix_rows = probe.hash_rows
+                chunks, lookup.valid_until = self._prefixes.leading(
+                    plan.layout.prefix_bytes[0], probe.hash_rows, now
+                )
+                lookup.prefix_from_runs = chunks
+                run = chunks * k
+            if cache and not run:  # (else the first round reads the key cache as it goes)
+                block = k
                 while run < len(span):
                     stop = min(span.stop, span.start + run + block)
-                    got = cache.leading(plan.keys_at(range(span.start + run, stop)))
+                    got, until = cache.leading(plan.keys_at(range(span.start + run, stop)))
                     run += got
+                    lookup.valid_until = min(lookup.valid_until, until)
                     if span.start + run < stop:
                         break
-                    block *= 4
+                    block *= 8
             cached = run - run % k
             if cached:
                 lookup.cached_prefix = True
@@ -553,7 +623,7 @@ class LookupCoordinator:
         self, key: bytes, subscribers: _Subscribers, code: int | None, why: str
     ) -> None:
         if self.on_error == "absent":
-            self._answer(subscribers, False)
+            self._answer(subscribers, 0.0)
             return
         for lookup, _ in self._subscribed(subscribers):
             self._fail(lookup, StoreError(f"{why} (code {code})", code=code))
@@ -566,13 +636,15 @@ class LookupCoordinator:
         stats.keys_per_rpc.observe(len(keys))
         sent_at = time.monotonic()
         started = time.perf_counter()
-        present: list[bool] | None = None
+        present: list[float] | None = None
         error: BaseException | None = None
         try:
             answers = await self.store.batch_is_exist(keys)
             if len(answers) != len(keys):
                 raise StoreError(f"store answered {len(answers)} values for {len(keys)} keys")
-            present = [bool(answer == 1) for answer in answers]  # vLLM: only 1 is present
+            # vLLM: only 1 is present. A present key is marked with until when that holds.
+            mark = 1.0 if self.cache_ttl is None else sent_at + self.cache_ttl
+            present = [mark if answer == 1 else 0.0 for answer in answers]
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             cancelling = getattr(task, "cancelling", None)
@@ -606,17 +678,22 @@ class LookupCoordinator:
             )
         pop = in_flight.pop
         lookups = self._lookups
-        for key, is_present in zip(keys, present):  # _answer, inlined: this loop is hot
-            subscribers = pop(key, None)
-            if subscribers is None:
-                continue
-            for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
-                lookup = lookups.get(sub >> _POS_BITS)
-                if lookup is not None and not lookup.done:
-                    lookup.round_present[sub & _POS_MASK] = is_present
-                    lookup.waiting -= 1
-                    if not lookup.waiting:
-                        self._advance(lookup)
+        # Next rounds started by this fan-out take these answers too, wherever they are.
+        self._answering = dict(zip(keys, present))
+        try:
+            for key, is_present in zip(keys, present):  # _answer, inlined: this loop is hot
+                subscribers = pop(key, None)
+                if subscribers is None:
+                    continue
+                for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
+                    lookup = lookups.get(sub >> _POS_BITS)
+                    if lookup is not None and not lookup.done:
+                        lookup.round_present[sub & _POS_MASK] = is_present
+                        lookup.waiting -= 1
+                        if not lookup.waiting:
+                            self._advance(lookup)
+        finally:
+            self._answering = {}
 
     def _record_failure(self, error: BaseException | None) -> None:
         stats = self._stats
@@ -653,6 +730,11 @@ class LookupCoordinator:
         )
         return stats.snapshot()
 
+
+def _build_keys(plan: LookupPlan) -> None:
+    """Build every key of the plan at once (cached by the plan), as one array if it can."""
+    if plan.key_array() is None:
+        plan.keys  # noqa: B018 - builds and caches the list
 
 def _error_label(exc: Error) -> str:
     """The ``errors_by_code`` label of a failed lookup."""

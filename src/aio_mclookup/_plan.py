@@ -13,7 +13,7 @@ import functools
 import itertools
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,9 @@ KeyIndices = IntArray | range
 """Key indices of a plan: an ascending array, or a contiguous ``range``."""
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_FEW_KEYS = 16  # fewer keys than this are built by plain concatenation, without arrays
+SCOUT_WINDOW = 8
+"""Prefix-mode rounds probing at least this many chunks also send scouts (see ProbeState)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -44,23 +47,39 @@ class GroupProbe:
 
     ``chunks`` are the probed chunk indices (ascending); key ``key_offset + j * k + n`` (``k``
     namespaces) is chunk ``chunks[j]`` in namespace ``n``. ``limit`` is how many chunks exist
-    for this request. ``hex_rows`` holds the probed chunks' hashes in hex (``hex_items`` when
-    the hashes have mixed widths). Chunks not probed count as absent unless ``unprobed_ids``
-    maps them to a probed chunk with the same hash; :attr:`hash_ids` links probed chunks that
-    share a hash (vLLM records presence per hash), computed from ``hash_rows`` (the raw probed
-    hashes, None when of mixed widths) on first use.
+    for this request. ``hash_rows`` holds the probed chunks' raw hashes (None when of mixed
+    widths: ``hex_items`` then holds them in hex); :attr:`hex_rows` hex-encodes them on first
+    use, so a caller that needs only some keys (probing in rounds) encodes only those. Chunks
+    not probed count as absent unless ``unprobed_ids`` maps them to a probed chunk with the
+    same hash; :attr:`hash_ids` links probed chunks that share a hash (vLLM records presence
+    per hash), computed on first use.
     """
 
     group_id: int
     chunks: IntArray
     limit: int
     key_offset: int
-    hex_rows: npt.NDArray[np.uint8] | None
     hex_items: list[bytes]
     hash_rows: npt.NDArray[np.uint8] | None
     unprobed_ids: IntArray | None
+    _hex_rows: npt.NDArray[np.uint8] | None = field(default=None, init=False)
     _hash_ids: IntArray | None = field(default=None, init=False)
     _hash_ids_known: bool = field(default=False, init=False)
+
+    @property
+    def hex_rows(self) -> npt.NDArray[np.uint8] | None:
+        """Every probed hash in hex, a (n, 2 * width) uint8 array (None: mixed widths)."""
+        if self._hex_rows is None and self.hash_rows is not None:
+            self._hex_rows = _hex_rows(self.hash_rows)
+        return self._hex_rows
+
+    def hex_at(self, rows: IntArray) -> npt.NDArray[np.uint8]:
+        """The hex of some probed hashes (by probe index), encoding only those unless every
+        hash is encoded already."""
+        if self._hex_rows is not None:
+            return self._hex_rows[rows]
+        assert self.hash_rows is not None
+        return _hex_rows(self.hash_rows[rows])
 
     @property
     def hash_ids(self) -> IntArray | None:
@@ -94,7 +113,12 @@ class LookupPlan:
     )
 
     def __init__(
-        self, layout: KVLayout, token_len: int, groups: tuple[GroupProbe, ...], num_keys: int
+        self,
+        layout: KVLayout,
+        token_len: int,
+        groups: tuple[GroupProbe, ...],
+        num_keys: int,
+        short: bool | None = None,
     ) -> None:
         self.layout = layout
         self.token_len = token_len
@@ -103,7 +127,7 @@ class LookupPlan:
         self._keys: list[bytes] | None = None
         self._key_array: npt.NDArray[np.bytes_] | None = None
         self._key_array_tried = False
-        self._short: bool | None = None
+        self._short = short
 
     @property
     def keys(self) -> list[bytes]:
@@ -135,9 +159,9 @@ class LookupPlan:
         widths = set()
         for probe in probes:
             prefix_rows = self.layout.prefix_rows[probe.group_id]
-            if prefix_rows is None or probe.hex_rows is None:
+            if prefix_rows is None or probe.hash_rows is None:
                 return None
-            widths.add(prefix_rows.shape[1] + probe.hex_rows.shape[1])
+            widths.add(prefix_rows.shape[1] + 2 * probe.hash_rows.shape[1])
         if len(widths) != 1:
             return None
         width = widths.pop()
@@ -203,10 +227,16 @@ class LookupPlan:
             else:
                 picked = self._key_array[indices].tolist()
             return picked
-        if isinstance(indices, range):
-            indices = np.arange(indices.start, indices.stop, dtype=np.int64)
         k = len(self.layout.namespaces)
         out: list[bytes] = []
+        if isinstance(indices, range):
+            for probe in self._groups:
+                end = probe.key_offset + probe.chunks.size * k
+                lo, hi = max(indices.start, probe.key_offset), min(indices.stop, end)
+                if hi > lo:
+                    base = probe.key_offset
+                    out.extend(self._assemble_range(probe, lo - base, hi - base))
+            return out
         for probe in self._groups:
             lo = int(np.searchsorted(indices, probe.key_offset))
             hi = int(np.searchsorted(indices, probe.key_offset + probe.chunks.size * k))
@@ -215,31 +245,62 @@ class LookupPlan:
         return out
 
     def _assemble(self, probe: GroupProbe, local: IntArray | None) -> list[bytes]:
-        """``prefix@hex`` for a group's keys (all, or the group-local key indices given)."""
+        """``prefix@hex`` for a group's keys (all, or the group-local key indices given),
+        hex-encoding only the hashes they need."""
         prefixes = self.layout.prefix_bytes[probe.group_id]
         k = len(prefixes)
-        if probe.hex_rows is None:
+        if probe.hash_rows is None:
             if local is None:
                 return [p + h for h in probe.hex_items for p in prefixes]
-            return [prefixes[i % k] + probe.hex_items[i // k] for i in local.tolist()]
+            return self._concatenate(probe, local.tolist())
         prefix_rows = self.layout.prefix_rows[probe.group_id]
-        hex_rows = probe.hex_rows
-        if prefix_rows is None or (local is not None and local.size < 64):
-            return _concat_keys(prefixes, hex_rows, local)
-        n, hex_width = hex_rows.shape
-        plen = prefix_rows.shape[1]
-        width = plen + hex_width
         if local is None:
-            buf = np.empty((n, k, width), dtype=np.uint8)
-            buf[:, :, :plen] = prefix_rows
-            buf[:, :, plen:] = hex_rows[:, None, :]
-            flat = buf.reshape(n * k, width)
-        else:
-            flat = np.empty((local.size, width), dtype=np.uint8)
-            flat[:, :plen] = prefix_rows[local % k]
-            flat[:, plen:] = hex_rows[local // k]
+            local = np.arange(probe.chunks.size * k, dtype=np.int64)
+        if prefix_rows is None or local.size < _FEW_KEYS:
+            return self._concatenate(probe, local.tolist())
+        hexed = probe.hex_at(local // k)
+        plen = prefix_rows.shape[1]
+        width = plen + hexed.shape[1]
+        flat = np.empty((local.size, width), dtype=np.uint8)
+        flat[:, :plen] = prefix_rows if k == 1 else prefix_rows[local % k]
+        flat[:, plen:] = hexed
         keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
         return keys
+
+    def _assemble_range(self, probe: GroupProbe, lo: int, hi: int) -> list[bytes]:
+        """A group's keys ``lo`` to ``hi`` (group-local key indices), from slices of its
+        hashes."""
+        prefix_rows = self.layout.prefix_rows[probe.group_id]
+        if prefix_rows is None or probe.hash_rows is None or hi - lo < _FEW_KEYS:
+            return self._concatenate(probe, range(lo, hi))
+        k, plen = prefix_rows.shape
+        first, last = lo // k, (hi - 1) // k + 1
+        if probe._hex_rows is not None:
+            hexed = probe._hex_rows[first:last]
+        else:
+            hexed = _hex_rows(probe.hash_rows[first:last])
+        n, width = last - first, plen + hexed.shape[1]
+        buf = np.empty((n, k, width), dtype=np.uint8)
+        buf[:, :, :plen] = prefix_rows
+        buf[:, :, plen:] = hexed[:, None, :]
+        flat = buf.reshape(n * k, width)[lo - first * k : hi - first * k]
+        keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
+        return keys
+
+    def _concatenate(self, probe: GroupProbe, local: Iterable[int]) -> list[bytes]:
+        """``prefix@hex`` by plain bytes concatenation, for a few keys, prefixes of different
+        widths or hashes of different widths (group-local key indices)."""
+        prefixes = self.layout.prefix_bytes[probe.group_id]
+        k = len(prefixes)
+        if probe.hash_rows is None:
+            items = probe.hex_items
+            return [prefixes[i % k] + items[i // k] for i in local]
+        if probe._hex_rows is not None:
+            hexed = probe._hex_rows
+            return [prefixes[i % k] + hexed[i // k].tobytes() for i in local]
+        raw = probe.hash_rows
+        assert raw is not None
+        return [prefixes[i % k] + binascii.hexlify(raw[i // k]) for i in local]
 
     def present_keys(self, exists: Sequence[int] | npt.NDArray[Any]) -> BoolArray:
         """vLLM's rule per key: only the value ``1`` means present."""
@@ -362,11 +423,17 @@ class ProbeState:
     lone full-attention group (see :attr:`LookupPlan.probe_in_one_round`).
 
     A lone full-attention group (the common chat model) needs no search: its answer rests on
-    the chunks after the known-present prefix, up to the first miss. That case is tracked with
-    one integer and probed in contiguous ``range`` s of key indices.
+    the chunks after the known-present prefix, up to the first miss (*prefix mode*: two
+    integers, the prefix and a bound). Each round probes a window of chunks after the prefix;
+    a window of :data:`SCOUT_WINDOW` chunks or more also probes four *scouts*, the last chunk
+    of each quarter of the next, twice as wide window. An absent scout bounds the first miss,
+    so the next window stops there instead of running far past it (those keys would be
+    wasted); a present scout is answered again from the coordinator's cache.
     """
 
-    __slots__ = ("_all_at_once", "_answered", "_prefix", "_present", "hit", "plan", "rounds")
+    __slots__ = (
+        "_all_at_once", "_answered", "_bound", "_prefix", "_present", "hit", "plan", "rounds",
+    )
 
     def __init__(self, plan: LookupPlan, rounds: bool = True) -> None:
         self.plan = plan
@@ -375,6 +442,8 @@ class ProbeState:
         self.rounds = 0
         self._prefix: int | None = None
         """Prefix mode: how many chunks from 0 are known present (None: the general search)."""
+        self._bound = plan.groups[0].limit if plan.groups else 0
+        """Prefix mode: the first chunk known absent (else the chunk count)."""
         self._answered: tuple[BoolArray, ...] = ()  # per group (tuples: no GC tracking)
         self._present: tuple[BoolArray, ...] = ()
         if plan.single_full_attention and not self._all_at_once:
@@ -382,6 +451,12 @@ class ProbeState:
         else:
             self._answered = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
             self._present = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
+
+    @property
+    def known_prefix(self) -> int | None:
+        """How many chunks from the first are known present (their keys answered present),
+        or None outside the lone full-attention case (prefix mode)."""
+        return self._prefix
 
     def next_keys(self, window: int | None = None) -> KeyIndices:
         """Key indices to probe next (ascending); empty once :attr:`hit` is set.
@@ -438,37 +513,53 @@ class ProbeState:
         return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
 
     def _next_prefix_keys(self, window: int | None) -> KeyIndices:
-        """Prefix mode: the chunks after the known-present prefix (at most ``window``)."""
+        """Prefix mode: the chunks after the known-present prefix (at most ``window``, and
+        never the known-absent bound), then scouts (see the class docstring)."""
         assert self._prefix is not None
         probe = self.plan.groups[0]
-        start = self._prefix
-        if start >= probe.limit:  # every chunk is present
+        start, bound = self._prefix, self._bound
+        if start >= bound:  # every chunk is present, or the next one is known absent
             self.hit = self.plan.prefix_hit(start)
             return _EMPTY
-        stop = probe.limit if window is None else min(probe.limit, start + window)
+        stop = bound if window is None else min(bound, start + window)
         k = len(self.plan.layout.namespaces)
-        return range(probe.key_offset + start * k, probe.key_offset + stop * k)
+        offset = probe.key_offset
+        chunks = range(probe.key_offset + start * k, probe.key_offset + stop * k)
+        if window is None or window < SCOUT_WINDOW or stop >= bound:
+            return chunks
+        quarter = window // 2  # of the next window, twice as wide
+        scouts = [c for c in range(stop + quarter - 1, stop + 4 * quarter, quarter) if c < bound]
+        scout_keys = (np.array(scouts, dtype=np.int64)[:, None] * k + np.arange(k)).ravel()
+        return np.concatenate((np.arange(chunks.start, chunks.stop), offset + scout_keys))
 
-    def record(self, key_indices: KeyIndices, present: Sequence[bool] | BoolArray) -> None:
-        """Record answers (True = present) for ascending key indices that cover whole chunks
+    def record(self, key_indices: KeyIndices, present: Sequence[object] | BoolArray) -> None:
+        """Record answers (truthy = present) for ascending key indices that cover whole chunks
         (all namespaces), e.g. from :meth:`next_keys`."""
         count = len(key_indices)
-        if self.hit is not None or (self.rounds == 1 and count == self.plan.num_keys):
-            if self.hit is None:
-                self.hit = self.plan.resolve_present(np.asarray(present, dtype=bool))
+        if self.hit is not None:
+            return
+        k = len(self.plan.layout.namespaces)
+        if self.rounds == 1 and count == self.plan.num_keys:  # every key at once
+            self.hit = self.plan.resolve_present(np.asarray(present, dtype=bool))
+            if self._prefix is not None:  # (a repeated hash may count more: vLLM's hit does)
+                miss = _first_false(present)
+                self._prefix = (count if miss is None else miss) // k
             return
         if not count:
             return
-        k = len(self.plan.layout.namespaces)
         if self._prefix is not None:
-            first = int(key_indices[0]) - self.plan.groups[0].key_offset
-            contiguous = int(key_indices[-1]) - int(key_indices[0]) == count - 1
-            if first == self._prefix * k and contiguous:
-                miss = _first_false(present)
-                if miss is None:
-                    self._prefix += count // k
-                else:
-                    self.hit = self.plan.prefix_hit(self._prefix + miss // k)
+            offset = self.plan.groups[0].key_offset
+            first = int(key_indices[0]) - offset
+            if first == self._prefix * k:
+                filled = _contiguous_run(key_indices)
+                miss = _first_false(present[:filled] if filled < count else present)
+                if miss is not None:
+                    self._prefix += miss // k
+                    self.hit = self.plan.prefix_hit(self._prefix)
+                    return
+                self._prefix += filled // k
+                if filled < count:  # scouts: the first absent one bounds the first miss
+                    self._note_scouts(key_indices[filled:], present[filled:], offset, k)
                 return
             self._leave_prefix_mode()
         indices = np.asarray(key_indices, dtype=np.int64)
@@ -488,15 +579,38 @@ class ProbeState:
             answered[pos] = True
             chunk_present[pos] = got
 
+    def _note_scouts(
+        self,
+        key_indices: KeyIndices,
+        present: Sequence[object] | BoolArray,
+        offset: int,
+        k: int,
+    ) -> None:
+        """Prefix mode: lower the bound to the first chunk a scout found absent."""
+        miss = _first_false(present)
+        if miss is not None:
+            self._bound = min(self._bound, (int(key_indices[miss]) - offset) // k)
+
     def _leave_prefix_mode(self) -> None:
         """Answers arrived out of order: keep them in per-chunk arrays from now on."""
         assert self._prefix is not None
         size = self.plan.groups[0].chunks.size
         answered = np.zeros(size, dtype=bool)
         answered[: self._prefix] = True
+        present = answered.copy()
+        if self._bound < size:  # known absent
+            answered[self._bound] = True
         self._answered = (answered,)
-        self._present = (answered.copy(),)
+        self._present = (present,)
         self._prefix = None
+
+
+def _contiguous_run(indices: KeyIndices) -> int:
+    """How many of the ascending ``indices``, from the first, are consecutive."""
+    if isinstance(indices, range) or int(indices[-1]) - int(indices[0]) == len(indices) - 1:
+        return len(indices)
+    steps = np.diff(indices) != 1
+    return int(steps.argmax()) + 1
 
 
 def _first_false(values: Sequence[object] | BoolArray) -> int | None:
@@ -547,17 +661,6 @@ def _answer_bytes(exists: list[Any] | tuple[Any, ...]) -> bytes | None:
     except (TypeError, ValueError):
         return None
     return raw if exists.count(1) == raw.count(1) else None
-
-
-def _concat_keys(
-    prefixes: tuple[bytes, ...], hex_rows: npt.NDArray[np.uint8], local: IntArray | None
-) -> list[bytes]:
-    """Keys by plain bytes concatenation (few keys, or prefixes of different widths)."""
-    k = len(prefixes)
-    if local is None:
-        local = np.arange(hex_rows.shape[0] * k, dtype=np.int64)
-    rows = hex_rows[local // k]
-    return [prefixes[i % k] + row.tobytes() for i, row in zip(local.tolist(), rows)]
 
 
 def _chunk_presence(probe: GroupProbe, probed: BoolArray) -> BoolArray:
@@ -775,9 +878,11 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
     # its own block; EAGLE groups re-run without their drop on a second pass), an unprobed
     # chunk whose hash equals a probed one counts as that one (vLLM keys presence by hash).
     reads_unprobed = len(layout.spec_groups) == 1 or (layout.use_eagle and layout.multi_pass)
+    short = False
     for gid, spec in enumerate(layout.groups):
         stride = spec.block_size // h
         limit = min(hashes.count // stride, tokens // spec.block_size)
+        short = short or limit < tokens // spec.block_size
         chunks = _probe_chunks(layout, gid, limit, tokens)
         if chunks.size == limit:  # dense: every stride-th hash, sliced
             rows, items = hashes.gather(slice(stride - 1, limit * stride, stride))
@@ -797,7 +902,6 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
                 chunks=chunks,
                 limit=limit,
                 key_offset=offset,
-                hex_rows=_hex_rows(rows) if rows is not None else None,
                 hex_items=[it.hex().encode() for it in items],
                 hash_rows=rows,
                 unprobed_ids=unprobed_ids,
@@ -806,7 +910,7 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
         offset += chunks.size * len(layout.namespaces)
     if offset and layout.has_chunked_local:
         _check_supported(layout)
-    return LookupPlan(layout, tokens, tuple(probes), offset)
+    return LookupPlan(layout, tokens, tuple(probes), offset, short)
 
 
 def _check_supported(layout: KVLayout) -> None:
