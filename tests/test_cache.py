@@ -139,3 +139,12 @@ def test_known_prefixes_stay_within_max_rows_dropping_the_oldest_runs() -> None:
     assert known.leading(SIG, _rows(5, 100), now=0.0) == (2, 10.0)
     known.add(SIG, _rows(9, *range(200, 260)), until=10.0, max_rows=limit)  # alone too big
     assert len(known) <= limit
+
+
+def test_known_prefixes_of_empty_hashes() -> None:
+    """vLLM accepts empty hashes (every key is then the same): rows of width 0 all match."""
+    known = KnownPrefixes()
+    empty = np.zeros((3, 0), dtype=np.uint8)
+    known.add(SIG, empty, until=10.0, max_rows=1000)
+    known.add(SIG, empty[:2], until=12.0, max_rows=1000)
+    assert known.leading(SIG, np.zeros((5, 0), dtype=np.uint8), now=0.0) == (3, 10.0)

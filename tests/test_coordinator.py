@@ -248,6 +248,15 @@ async def test_known_prefixes_skip_a_shared_prefix_without_building_its_keys(
         assert coord.stats().cache_hits_total == 40
 
 
+async def test_empty_hashes_are_looked_up_again_and_again() -> None:
+    layout = KVLayout([mcl.FullAttention(16)], model="m", hash_block_size=16,
+                      scheduler_block_size=16)
+    store = FakeStore(layout.plan(48, [b""] * 3).keys)
+    async with LookupCoordinator(layout, store, cache_ttl=5.0) as coord:
+        for _ in range(3):  # the later ones through the known prefix of empty rows
+            assert await coord.lookup(48, [b""] * 3) == 48
+
+
 async def test_known_prefixes_expire_with_the_answers_they_rest_on() -> None:
     doc = chain(16, b"exp")
     store = FakeStore(FULL16.plan(256, doc).keys)

@@ -397,7 +397,7 @@ def test_keys_at_hex_encodes_only_the_hashes_it_needs() -> None:
     keys = _full16().plan(16 * 64, rows).keys
     assert plan.keys_at(range(10, 13)) == keys[10:13]
     assert plan.keys_at(np.array([0, 40, 63])) == [keys[0], keys[40], keys[63]]
-    assert plan.groups[0]._hex_rows is None  # nothing else was encoded
+    assert plan.groups[0].hex_if_encoded is None  # nothing else was encoded
     assert plan.keys_at(range(0, 64)) == keys
 
 

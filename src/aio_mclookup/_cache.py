@@ -103,8 +103,9 @@ class KnownPrefixes:
     and testing a key per chunk. Only the leading part of a run can matter (a full-attention
     hit stops at the first miss), so each row keeps the earliest expiry of the rows up to it.
     One run per first hash: a request that diverges from the stored run replaces it from the
-    divergence on. At most ``max_rows`` rows in all, each run counting
-    :data:`RUN_OVERHEAD_ROWS` more (the runs stored or refreshed longest ago go first).
+    divergence on. A run out of date is dropped when next met, or pushed out by newer ones: at
+    most ``max_rows`` rows in all, each run counting :data:`RUN_OVERHEAD_ROWS` more (the runs
+    stored or refreshed longest ago go first).
     """
 
     __slots__ = ("_rows", "_runs")
@@ -173,10 +174,10 @@ class KnownPrefixes:
 def _common_rows(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> int:
     """How many leading rows ``a`` and ``b`` share (same width; the shorter one's length at
     most)."""
-    m = min(a.shape[0], b.shape[0])
-    if not m:
-        return 0
+    m: int = min(a.shape[0], b.shape[0])
+    width: int = a.shape[1]
+    if not m or not width:  # (rows of empty hashes are all equal)
+        return m
     differs = (a[:m] != b[:m]).ravel()
     first = int(differs.argmax())
-    width: int = a.shape[1]
     return first // width if differs[first] else m

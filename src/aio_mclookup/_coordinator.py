@@ -52,6 +52,9 @@ _UNSET: float = float("nan")
 _EAGER_KEYS = 4096  # plans up to this many keys build them all at once (but a lone
 # full-attention group builds only the ranges its rounds probe: most are never needed)
 _NOTHING_CACHED: Mapping[bytes, float] = MappingProxyType({})
+_PRESENT = 1.0
+"""The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
+tracked, and as a time it is long past, so no known prefix is ever built on it."""
 
 
 @dataclass(eq=False)
@@ -65,7 +68,8 @@ class _Lookup:
     """Its number among the coordinator's lookups (>= 1), as used in :data:`_Subscribers`."""
     round_keys: KeyIndices = range(0)
     round_present: list[float] = field(default_factory=list)
-    """Per key of the round: 0.0 absent, else until when it is known present (see _rpc)."""
+    """Per key of the round: 0.0 absent, else until when it is known present (see _rpc;
+    ``_PRESENT`` when the cache is off)."""
     waiting: int = 0
     cached_prefix: bool = False
     """The cache knew a prefix: the chunk after it was probed lately and was likely absent."""
@@ -178,7 +182,10 @@ class LookupCoordinator:
         self._stats = CoordinatorStats()
         self._queued: dict[bytes, _Subscribers] = {}
         self._in_flight: dict[bytes, _Subscribers] = {}
-        self._answering: dict[bytes, float] = {}  # the answers being fanned out right now
+        self._answering: dict[bytes, float] = {}
+        """The answers of the RPC being fanned out right now (marks as in ``round_present``).
+        A round that starts during the fan-out takes them as if it had joined that RPC while
+        in flight: what deduplication does anyway, just a moment later."""
         self._cache = PositiveCache()  # filled only while cache_ttl is set
         self._prefixes = KnownPrefixes()  # likewise
         self._lookups: dict[int, _Lookup] = {}  # by ident: the subscribers' registry
@@ -643,7 +650,7 @@ class LookupCoordinator:
             if len(answers) != len(keys):
                 raise StoreError(f"store answered {len(answers)} values for {len(keys)} keys")
             # vLLM: only 1 is present. A present key is marked with until when that holds.
-            mark = 1.0 if self.cache_ttl is None else sent_at + self.cache_ttl
+            mark = _PRESENT if self.cache_ttl is None else sent_at + self.cache_ttl
             present = [mark if answer == 1 else 0.0 for answer in answers]
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()

@@ -73,6 +73,11 @@ class GroupProbe:
             self._hex_rows = _hex_rows(self.hash_rows)
         return self._hex_rows
 
+    @property
+    def hex_if_encoded(self) -> npt.NDArray[np.uint8] | None:
+        """:attr:`hex_rows` if every hash is encoded already, else None (encoding nothing)."""
+        return self._hex_rows
+
     def hex_at(self, rows: IntArray) -> npt.NDArray[np.uint8]:
         """The hex of some probed hashes (by probe index), encoding only those unless every
         hash is encoded already."""
@@ -275,8 +280,9 @@ class LookupPlan:
             return self._concatenate(probe, range(lo, hi))
         k, plen = prefix_rows.shape
         first, last = lo // k, (hi - 1) // k + 1
-        if probe._hex_rows is not None:
-            hexed = probe._hex_rows[first:last]
+        encoded = probe.hex_if_encoded
+        if encoded is not None:
+            hexed = encoded[first:last]
         else:
             hexed = _hex_rows(probe.hash_rows[first:last])
         n, width = last - first, plen + hexed.shape[1]
@@ -295,8 +301,8 @@ class LookupPlan:
         if probe.hash_rows is None:
             items = probe.hex_items
             return [prefixes[i % k] + items[i // k] for i in local]
-        if probe._hex_rows is not None:
-            hexed = probe._hex_rows
+        hexed = probe.hex_if_encoded
+        if hexed is not None:
             return [prefixes[i % k] + hexed[i // k].tobytes() for i in local]
         raw = probe.hash_rows
         assert raw is not None
