@@ -252,16 +252,11 @@ class LookupPlan:
     def _assemble(self, probe: GroupProbe, local: IntArray | None) -> list[bytes]:
         """``prefix@hex`` for a group's keys (all, or the group-local key indices given),
         hex-encoding only the hashes they need."""
-        prefixes = self.layout.prefix_bytes[probe.group_id]
-        k = len(prefixes)
-        if probe.hash_rows is None:
-            if local is None:
-                return [p + h for h in probe.hex_items for p in prefixes]
-            return self._concatenate(probe, local.tolist())
-        prefix_rows = self.layout.prefix_rows[probe.group_id]
+        k = len(self.layout.namespaces)
         if local is None:
-            local = np.arange(probe.chunks.size * k, dtype=np.int64)
-        if prefix_rows is None or local.size < _FEW_KEYS:
+            return self._assemble_range(probe, 0, probe.chunks.size * k)
+        prefix_rows = self.layout.prefix_rows[probe.group_id]
+        if prefix_rows is None or probe.hash_rows is None or local.size < _FEW_KEYS:
             return self._concatenate(probe, local.tolist())
         hexed = probe.hex_at(local // k)
         plen = prefix_rows.shape[1]
