@@ -49,8 +49,9 @@ __all__ = ["LookupCoordinator"]
 logger = logging.getLogger("aio_mclookup")
 
 _UNSET: float = float("nan")
-_EAGER_KEYS = 4096  # plans up to this many keys build them all at once (but a lone
-# full-attention group builds only the ranges its rounds probe: most are never needed)
+_EAGER_KEYS = 4096
+"""Plans up to this many keys build them all at once; except a lone full-attention group,
+which builds only the ranges its rounds probe (the caches answer most of its keys)."""
 _NOTHING_CACHED: Mapping[bytes, float] = MappingProxyType({})
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is

@@ -525,7 +525,7 @@ class ProbeState:
         stop = bound if window is None else min(bound, start + window)
         k = len(self.plan.layout.namespaces)
         offset = probe.key_offset
-        chunks = range(probe.key_offset + start * k, probe.key_offset + stop * k)
+        chunks = range(offset + start * k, offset + stop * k)
         if window is None or window < SCOUT_WINDOW or stop >= bound:
             return chunks
         quarter = window // 2  # of the next window, twice as wide
