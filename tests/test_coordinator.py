@@ -248,6 +248,102 @@ async def test_known_prefixes_skip_a_shared_prefix_without_building_its_keys(
         assert coord.stats().cache_hits_total == 40
 
 
+def _followers(coord: LookupCoordinator) -> int:
+    return sum(1 for lookup in coord._lookups.values() if lookup.followed and not lookup.done)
+
+
+async def test_a_lookup_sharing_a_walkers_chunks_waits_then_starts_past_its_run() -> None:
+    """Two concurrent lookups of one document: the second does not subscribe to the first's
+    keys one by one; it waits for the first (the walker) to settle, then starts from the run
+    of chunks the walker found present."""
+    doc = chain(64, b"walk")
+    store = FakeStore(FULL16.plan(1024, doc).keys, delay=0.01)
+    short = doc[:20] + chain(44, b"short-tail")
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        walker = asyncio.ensure_future(coord.lookup(1024, short))
+        await asyncio.sleep(0)
+        follower = asyncio.ensure_future(coord.lookup(1024, doc))
+        await asyncio.sleep(0)
+        assert _followers(coord) == 1
+        assert await asyncio.gather(walker, follower) == [320, 1024]
+        stats = coord.stats()
+        assert stats.dedup_hits_total == 0  # it joined none of the walker's keys
+        assert stats.cache_hits_total == 20  # it took the walker's run
+        assert not coord._walkers
+    doc_keys = FULL16.plan(1024, doc).keys
+    assert store.calls[0] == FULL16.plan(1024, short).keys  # the walker's RPC
+    assert [k for call in store.calls[1:] for k in call] == doc_keys[20:]
+
+
+async def test_a_lookup_whose_next_chunk_differs_from_the_walkers_does_not_wait() -> None:
+    doc = chain(64, b"nowait")
+    store = FakeStore(FULL16.plan(1024, doc).keys, delay=0.01)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        assert await coord.lookup(1024, doc[:10] + chain(54, b"first")) == 160  # known: 10
+        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # walks on from chunk 10
+        await asyncio.sleep(0)
+        assert len(coord._walkers) == 1
+        other = asyncio.ensure_future(coord.lookup(1024, doc[:10] + chain(54, b"other")))
+        await asyncio.sleep(0)
+        assert _followers(coord) == 0  # its chunk 10 is not the walker's: it probes at once
+        assert await asyncio.gather(walker, other) == [1024, 160]
+        assert not coord._walkers
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout", "store_error"])
+async def test_followers_go_on_when_their_walker_ends_badly(how: str) -> None:
+    doc = chain(32, b"bad-walker")
+    keys = FULL16.plan(512, doc).keys
+    walker_rows = doc[:24] + chain(8, b"walker-tail")
+    poison = {FULL16.plan(512, walker_rows).keys[-1]}
+    store = SelectiveFailStore(poison if how == "store_error" else set(), delay=0.02)
+    store.add(keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, failure_backoff=1e-6) as coord:
+        walker = asyncio.ensure_future(
+            coord.lookup(512, walker_rows, timeout=0.005 if how == "timeout" else None)
+        )
+        await asyncio.sleep(0)
+        followers = [asyncio.ensure_future(coord.lookup(512, doc)) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert _followers(coord) == 3
+        if how == "cancel":
+            walker.cancel()
+        results = await asyncio.gather(walker, return_exceptions=True)
+        expected_error = {
+            "cancel": asyncio.CancelledError, "timeout": mcl.LookupTimeout,
+            "store_error": mcl.StoreError,
+        }[how]
+        assert isinstance(results[0], expected_error)
+        await asyncio.sleep(0.001)  # past the failure pause
+        assert await asyncio.gather(*followers) == [512] * 3
+        assert not coord._walkers and not coord._lookups
+
+
+async def test_a_follower_times_out_alone() -> None:
+    doc = chain(32, b"late-follower")
+    store = FakeStore(FULL16.plan(512, doc).keys, delay=0.05)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        walker = asyncio.ensure_future(coord.lookup(512, doc))
+        await asyncio.sleep(0)
+        late = asyncio.ensure_future(coord.lookup(512, doc, timeout=0.01))
+        with pytest.raises(mcl.LookupTimeout):
+            await late
+        assert await walker == 512
+        assert await coord.lookup(512, doc) == 512
+        assert not coord._walkers and not coord._lookups
+
+
+async def test_no_walkers_without_the_cache() -> None:
+    doc = chain(32, b"no-cache")
+    store = FakeStore(FULL16.plan(512, doc).keys, delay=0.01)
+    async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
+        tasks = [asyncio.ensure_future(coord.lookup(512, doc)) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert _followers(coord) == 0 and not coord._walkers
+        assert await asyncio.gather(*tasks) == [512] * 3
+        assert coord.stats().dedup_hits_total > 0  # they shared keys instead
+
+
 async def test_empty_hashes_are_looked_up_again_and_again() -> None:
     layout = KVLayout([mcl.FullAttention(16)], model="m", hash_block_size=16,
                       scheduler_block_size=16)

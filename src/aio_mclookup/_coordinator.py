@@ -4,13 +4,15 @@ Data flow of one ``await coordinator.lookup(...)``:
 
 1. plan (in the caller: bad input fails here, before it can touch a shared batch);
 2. admission (bounded pending work: wait, or :class:`Overloaded`);
-3. probe rounds: :class:`ProbeState` names the keys whose answers can still change the hit;
+3. known prefixes first (a lone full-attention group), or wait for a *walker* probing the same
+   chunks to settle (see :meth:`LookupCoordinator._follow`);
+4. probe rounds: :class:`ProbeState` names the keys whose answers can still change the hit;
    each key is answered from the positive-answer cache, joins a key already queued or in
    flight, or is queued;
-4. the dispatcher sends queued keys at once while RPC slots are free (no linger by default);
+5. the dispatcher sends queued keys at once while RPC slots are free (no linger by default);
    keys arriving while every slot is busy go out together in the next dispatch, split into
    RPCs of at most ``max_keys_per_rpc`` keys;
-5. answers fan back out; a lookup whose round is complete starts its next round or resolves.
+6. answers fan back out; a lookup whose round is complete starts its next round or resolves.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Literal
 
 import numpy as np
@@ -52,7 +53,7 @@ _UNSET: float = float("nan")
 _EAGER_KEYS = 4096
 """Plans up to this many keys build them all at once; except a lone full-attention group,
 which builds only the ranges its rounds probe (the caches answer most of its keys)."""
-_NOTHING_CACHED: Mapping[bytes, float] = MappingProxyType({})
+_NOTHING_CACHED: dict[bytes, float] = {}  # never written: a dict's get beats a proxy's
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
 tracked, and as a time it is long past, so no known prefix is ever built on it."""
@@ -83,6 +84,12 @@ class _Lookup:
     """Until when every presence this lookup relied on holds (its earliest expiry)."""
     done: bool = False
     """Settled (result, error or cancelled): answers for it are dropped."""
+    walk: tuple[object, bytes] | None = None
+    """Set while it is the walker of a shared prefix (see ``LookupCoordinator._follow``)."""
+    followers: list[_Lookup] = field(default_factory=list)
+    """Lookups waiting for this walker to settle."""
+    followed: bool = False
+    """It waited for a walker once (it never waits twice)."""
 
 
 _Subscribers = int | list[int]
@@ -189,6 +196,7 @@ class LookupCoordinator:
         in flight: what deduplication does anyway, just a moment later."""
         self._cache = PositiveCache()  # filled only while cache_ttl is set
         self._prefixes = KnownPrefixes()  # likewise
+        self._walkers: dict[tuple[object, bytes], _Lookup] = {}  # see _follow
         self._lookups: dict[int, _Lookup] = {}  # by ident: the subscribers' registry
         self._idents = itertools.count(1)
         self._dispatch_lookups: set[_Lookup] = set()
@@ -316,9 +324,12 @@ class LookupCoordinator:
                 and not plan.probe_in_one_round
             ):
                 self._prefill_from_cache(lookup, prefix_mode)
-            self._next_round(lookup)
+            if lookup.prefix_rows is None or not self._follow(lookup):
+                self._next_round(lookup)
             return await lookup.future
         finally:
+            if lookup.walk is not None:
+                self._end_walk(lookup)
             if timer is not None:
                 timer.cancel()
             lookup.done = True
@@ -467,12 +478,15 @@ class LookupCoordinator:
                     present[pos] = answer
                     just_answered += 1
                     continue
-            table = in_flight if key in in_flight else queued
-            subscribers = table.get(key)
+            table = in_flight
+            subscribers = in_flight.get(key)
             if subscribers is None:
-                queued[key] = base | pos
-                fresh += 1
-                continue
+                table = queued
+                subscribers = queued.get(key)
+                if subscribers is None:
+                    queued[key] = base | pos
+                    fresh += 1
+                    continue
             if isinstance(subscribers, int):
                 table[key] = [subscribers, base | pos]
             else:
@@ -560,7 +574,68 @@ class LookupCoordinator:
             if cached:
                 lookup.cached_prefix = True
                 self._stats.cache_hits_total += cached
-                lookup.state.record(range(span.start, span.start + cached), [True] * cached)
+                lookup.state.record_present(range(span.start, span.start + cached))
+
+    def _follow(self, lookup: _Lookup) -> bool:
+        """A lone full-attention lookup about to probe past its known prefix: if another
+        lookup (the *walker*) is probing the same chunks, wait for it to settle instead of
+        subscribing to the same keys chunk by chunk; its run of present chunks then joins the
+        known prefixes, and this lookup starts from there (see :meth:`_resume`).
+
+        Returns True when the lookup now waits. A lookup waits at most once, and only for a
+        walker whose hashes equal its own up to the chunk it would probe next."""
+        rows = lookup.prefix_rows
+        start = lookup.state.known_prefix
+        if rows is None or start is None or start >= rows.shape[0]:
+            return False
+        key = (lookup.plan.layout.prefix_bytes[0], rows[0].tobytes())
+        walker = self._walkers.get(key)
+        if walker is None:
+            self._walkers[key] = lookup
+            lookup.walk = key
+            return False
+        theirs = walker.prefix_rows
+        if lookup.followed or theirs is None or theirs.shape[0] <= start:
+            return False
+        if theirs[start].tobytes() != rows[start].tobytes():
+            return False  # our next chunk is not theirs: nothing to share
+        lookup.followed = True
+        walker.followers.append(lookup)
+        return True
+
+    def _end_walk(self, walker: _Lookup) -> None:
+        """A walker settled (whichever way): its followers go on by themselves."""
+        assert walker.walk is not None
+        if self._walkers.get(walker.walk) is walker:
+            del self._walkers[walker.walk]
+        walker.walk = None
+        followers, walker.followers = walker.followers, []
+        for lookup in followers:
+            if not lookup.done and not lookup.future.done():
+                self._resume(lookup)
+
+    def _resume(self, lookup: _Lookup) -> None:
+        """A follower's walker settled: take what the known prefixes now say, then probe."""
+        try:
+            state, plan = lookup.state, lookup.plan
+            known = state.known_prefix
+            rows = lookup.prefix_rows
+            if known is not None and rows is not None:
+                chunks, until = self._prefixes.leading(
+                    plan.layout.prefix_bytes[0], rows, time.monotonic()
+                )
+                if chunks > known:
+                    k = len(plan.layout.namespaces)
+                    offset = plan.groups[0].key_offset
+                    lookup.valid_until = min(lookup.valid_until, until)
+                    lookup.prefix_from_runs = chunks
+                    lookup.cached_prefix = True
+                    self._stats.cache_hits_total += (chunks - known) * k
+                    state.record_present(range(offset + known * k, offset + chunks * k))
+            if not self._follow(lookup):
+                self._next_round(lookup)
+        except Exception as exc:
+            self._fail(lookup, exc if isinstance(exc, Error) else StoreError(repr(exc)))
 
     def _forget(self, lookup: _Lookup) -> None:
         """Drop a finished lookup's queued probes that nobody else waits for."""
@@ -693,7 +768,15 @@ class LookupCoordinator:
                 subscribers = pop(key, None)
                 if subscribers is None:
                     continue
-                for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
+                if isinstance(subscribers, int):  # one subscriber: the common case
+                    lookup = lookups.get(subscribers >> _POS_BITS)
+                    if lookup is not None and not lookup.done:
+                        lookup.round_present[subscribers & _POS_MASK] = is_present
+                        lookup.waiting -= 1
+                        if not lookup.waiting:
+                            self._advance(lookup)
+                    continue
+                for sub in subscribers:
                     lookup = lookups.get(sub >> _POS_BITS)
                     if lookup is not None and not lookup.done:
                         lookup.round_present[sub & _POS_MASK] = is_present

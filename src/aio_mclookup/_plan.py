@@ -13,7 +13,7 @@ import functools
 import itertools
 import numbers
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ KeyIndices = IntArray | range
 """Key indices of a plan: an ascending array, or a contiguous ``range``."""
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-_FEW_KEYS = 16  # fewer keys than this are built by plain concatenation, without arrays
+_FEW_KEYS = 48  # fewer keys than this are built by concatenation: faster than the array path
 SCOUT_WINDOW = 8
 """Prefix-mode rounds probing at least this many chunks also send scouts (see ProbeState)."""
 
@@ -232,6 +232,11 @@ class LookupPlan:
             else:
                 picked = self._key_array[indices].tolist()
             return picked
+        groups = self._groups
+        if len(groups) == 1:  # key indices are the group's own (its offset is 0)
+            if isinstance(indices, range):
+                return self._assemble_range(groups[0], indices.start, indices.stop)
+            return self._assemble(groups[0], indices)
         k = len(self.layout.namespaces)
         out: list[bytes] = []
         if isinstance(indices, range):
@@ -257,7 +262,7 @@ class LookupPlan:
             return self._assemble_range(probe, 0, probe.chunks.size * k)
         prefix_rows = self.layout.prefix_rows[probe.group_id]
         if prefix_rows is None or probe.hash_rows is None or local.size < _FEW_KEYS:
-            return self._concatenate(probe, local.tolist())
+            return self._concatenate(probe, local)
         hexed = probe.hex_at(local // k)
         plen = prefix_rows.shape[1]
         width = plen + hexed.shape[1]
@@ -288,20 +293,43 @@ class LookupPlan:
         keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
         return keys
 
-    def _concatenate(self, probe: GroupProbe, local: Iterable[int]) -> list[bytes]:
-        """``prefix@hex`` by plain bytes concatenation, for a few keys, prefixes of different
-        widths or hashes of different widths (group-local key indices)."""
+    def _concatenate(self, probe: GroupProbe, local: range | IntArray) -> list[bytes]:
+        """``prefix@hex`` by bytes concatenation (group-local key indices, ascending): for a
+        few keys (one C call hex-encodes their hashes, then each key is a slice of that),
+        prefixes of different widths, or hashes of different widths."""
         prefixes = self.layout.prefix_bytes[probe.group_id]
         k = len(prefixes)
-        if probe.hash_rows is None:
-            items = probe.hex_items
-            return [prefixes[i % k] + items[i // k] for i in local]
-        hexed = probe.hex_if_encoded
-        if hexed is not None:
-            return [prefixes[i % k] + hexed[i // k].tobytes() for i in local]
         raw = probe.hash_rows
-        assert raw is not None
-        return [prefixes[i % k] + binascii.hexlify(raw[i // k]) for i in local]
+        if raw is None:
+            items = probe.hex_items
+            return [prefixes[i % k] + items[i // k] for i in _ints(local)]
+        if not len(local):
+            return []
+        w = 2 * raw.shape[1]
+        if not w:  # empty hashes: the key is its prefix
+            return [prefixes[i % k] for i in _ints(local)]
+        if isinstance(local, range):
+            first = local.start // k
+            rows: slice | IntArray = slice(first, (local.stop - 1) // k + 1)
+        else:
+            first = 0
+            rows = local // k if k > 1 else local
+        encoded = probe.hex_if_encoded
+        if encoded is not None:
+            text = encoded[rows].tobytes()
+        else:
+            text = binascii.hexlify(raw[rows].data)  # (hash rows are C-contiguous)
+        if k == 1:  # one key per row of text
+            prefix = prefixes[0]
+            return [prefix + text[j : j + w] for j in range(0, len(text), w)]
+        if isinstance(local, range):
+            return [
+                prefixes[i % k] + text[(i // k - first) * w : (i // k - first + 1) * w]
+                for i in local
+            ]
+        return [
+            prefixes[i % k] + text[j * w : (j + 1) * w] for j, i in enumerate(local.tolist())
+        ]
 
     def present_keys(self, exists: Sequence[int] | npt.NDArray[Any]) -> BoolArray:
         """vLLM's rule per key: only the value ``1`` means present."""
@@ -433,7 +461,8 @@ class ProbeState:
     """
 
     __slots__ = (
-        "_all_at_once", "_answered", "_bound", "_prefix", "_present", "hit", "plan", "rounds",
+        "_all_at_once", "_answered", "_bound", "_prefix", "_present", "_scouted",
+        "_scouted_run", "hit", "plan", "rounds",
     )
 
     def __init__(self, plan: LookupPlan, rounds: bool = True) -> None:
@@ -445,6 +474,10 @@ class ProbeState:
         """Prefix mode: how many chunks from 0 are known present (None: the general search)."""
         self._bound = plan.groups[0].limit if plan.groups else 0
         """Prefix mode: the first chunk known absent (else the chunk count)."""
+        self._scouted: IntArray | None = None
+        """Prefix mode: the last key indices with scouts handed out, whose first
+        ``_scouted_run`` are the window (so that :meth:`record` need not look for the end)."""
+        self._scouted_run = 0
         self._answered: tuple[BoolArray, ...] = ()  # per group (tuples: no GC tracking)
         self._present: tuple[BoolArray, ...] = ()
         if plan.single_full_attention and not self._all_at_once:
@@ -529,9 +562,12 @@ class ProbeState:
         if window is None or window < SCOUT_WINDOW or stop >= bound:
             return chunks
         quarter = window // 2  # of the next window, twice as wide
-        scouts = [c for c in range(stop + quarter - 1, stop + 4 * quarter, quarter) if c < bound]
-        scout_keys = (np.array(scouts, dtype=np.int64)[:, None] * k + np.arange(k)).ravel()
-        return np.concatenate((np.arange(chunks.start, chunks.stop), offset + scout_keys))
+        keys = list(chunks)
+        for chunk in range(stop + quarter - 1, min(bound, stop + 4 * quarter), quarter):
+            keys.extend(range(offset + chunk * k, offset + (chunk + 1) * k))
+        self._scouted = np.array(keys, dtype=np.int64)
+        self._scouted_run = len(chunks)
+        return self._scouted
 
     def record(self, key_indices: KeyIndices, present: Sequence[object] | BoolArray) -> None:
         """Record answers (truthy = present) for ascending key indices that cover whole chunks
@@ -552,8 +588,11 @@ class ProbeState:
             offset = self.plan.groups[0].key_offset
             first = int(key_indices[0]) - offset
             if first == self._prefix * k:
-                filled = _contiguous_run(key_indices)
-                miss = _first_false(present[:filled] if filled < count else present)
+                if key_indices is self._scouted:  # our own window and scouts
+                    filled = self._scouted_run
+                else:
+                    filled = _contiguous_run(key_indices)
+                miss = _first_false(present, filled)
                 if miss is not None:
                     self._prefix += miss // k
                     self.hit = self.plan.prefix_hit(self._prefix)
@@ -579,6 +618,21 @@ class ProbeState:
             got = answers[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else answers[lo:hi]
             answered[pos] = True
             chunk_present[pos] = got
+
+    def record_present(self, key_indices: range) -> None:
+        """Record that a run of keys covering whole chunks is present (known from a cache)."""
+        prefix, count = self._prefix, len(key_indices)
+        k = len(self.plan.layout.namespaces)
+        if (
+            prefix is not None
+            and self.hit is None
+            and count
+            and not (self.rounds == 1 and count == self.plan.num_keys)
+            and key_indices.start - self.plan.groups[0].key_offset == prefix * k
+        ):
+            self._prefix = prefix + count // k  # what record() does here, without the scan
+            return
+        self.record(key_indices, np.ones(count, dtype=bool))
 
     def _note_scouts(
         self,
@@ -606,6 +660,11 @@ class ProbeState:
         self._prefix = None
 
 
+def _ints(indices: KeyIndices) -> range | list[int]:
+    """Key indices as Python ints (a range stays a range)."""
+    return indices if isinstance(indices, range) else indices.tolist()
+
+
 def _contiguous_run(indices: KeyIndices) -> int:
     """How many of the ascending ``indices``, from the first, are consecutive."""
     if isinstance(indices, range) or int(indices[-1]) - int(indices[0]) == len(indices) - 1:
@@ -614,12 +673,14 @@ def _contiguous_run(indices: KeyIndices) -> int:
     return int(steps.argmax()) + 1
 
 
-def _first_false(values: Sequence[object] | BoolArray) -> int | None:
-    """Index of the first falsy value, or None when all are truthy."""
+def _first_false(values: Sequence[object] | BoolArray, stop: int | None = None) -> int | None:
+    """Index of the first falsy value (among the first ``stop``), or None when all are
+    truthy."""
     if isinstance(values, np.ndarray):
-        return None if values.all() else int(values.argmin())
-    truth = list(map(operator.truth, values))
-    return truth.index(False) if False in truth else None  # no exception: all-true is common
+        head = values if stop is None else values[:stop]
+        return None if head.all() else int(head.argmin())
+    falsy = map(operator.not_, values if stop is None else itertools.islice(values, stop))
+    return next(itertools.compress(itertools.count(), falsy), None)  # stops at the first
 
 
 def _all_ints(values: Sequence[object]) -> bool:
