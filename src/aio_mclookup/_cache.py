@@ -137,7 +137,7 @@ class KnownPrefixes:
         m = min(rows.shape[0], until.shape[0])
         if until[m - 1] <= now:  # its tail is out of date
             m = int(np.count_nonzero(until[:m] > now))
-        count = _common_rows(rows[:m], run.rows[:m])
+        count = _common_rows(rows, run.rows, m)
         return count, (float(until[count - 1]) if count else _NEVER)
 
     def add(
@@ -171,13 +171,21 @@ class KnownPrefixes:
             self._rows -= self._runs.pop(oldest).until.shape[0] + RUN_OVERHEAD_ROWS
 
 
-def _common_rows(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> int:
-    """How many leading rows ``a`` and ``b`` share (same width; the shorter one's length at
-    most)."""
+def _common_rows(
+    a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8], limit: int | None = None
+) -> int:
+    """How many leading rows ``a`` and ``b`` share (same width), at most ``limit`` (and at
+    most the shorter one's length)."""
     m: int = min(a.shape[0], b.shape[0])
+    if limit is not None and limit < m:
+        m = limit
     width: int = a.shape[1]
     if not m or not width:  # (rows of empty hashes are all equal)
         return m
-    differs = (a[:m] != b[:m]).ravel()
+    if a.shape[0] != m:
+        a = a[:m]
+    if b.shape[0] != m:
+        b = b[:m]
+    differs = (a != b).ravel()
     first = int(differs.argmax())
     return first // width if differs[first] else m

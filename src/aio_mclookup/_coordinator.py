@@ -273,7 +273,8 @@ class LookupCoordinator:
         plan = (layout or self.layout).plan(token_len, block_hashes)  # raises InvalidRequest
         if self._closed:
             raise ClosedError("the coordinator is closed")
-        self._start()
+        if self._dispatcher is None:
+            self._start()
         limit = self.timeout if timeout is _UNSET else timeout
         if limit is not None and not limit > 0:
             raise InvalidRequest(f"timeout must be > 0 or None, got {limit!r}")
@@ -339,7 +340,8 @@ class LookupCoordinator:
                 lookup.future.exception()  # mark retrieved, whoever stopped waiting
             del self._lookups[lookup.ident]
             self._pending_keys -= plan.num_keys
-            self._forget(lookup)
+            if lookup.waiting:
+                self._forget(lookup)
             if self._admission_queue:
                 assert self._room is not None
                 async with self._room:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -384,9 +384,16 @@ class KVLayout:
         2-D ``uint8`` numpy array of fixed-width hashes. Raises :class:`InvalidRequest` for a
         malformed request.
         """
-        from ._plan import build_plan
+        build = _BUILD_PLAN
+        if not build:  # imported on first use: _plan imports this module
+            from ._plan import build_plan
 
-        return build_plan(self, token_len, block_hashes)
+            build.append(build_plan)
+        return build[0](self, token_len, block_hashes)
+
+
+_BUILD_PLAN: list[Callable[[KVLayout, object, object], LookupPlan]] = []
+"""``_plan.build_plan``, once imported (a function-level import costs on every call)."""
 
 
 def window_blocks(spec: SlidingWindow, eagle: bool) -> int:

@@ -303,6 +303,9 @@ class LookupPlan:
         if raw is None:
             items = probe.hex_items
             return [prefixes[i % k] + items[i // k] for i in _ints(local)]
+        if len(local) == 1 and raw.shape[1]:  # one key: no slicing
+            i = int(local[0])
+            return [prefixes[i % k] + binascii.hexlify(raw[i // k].data)]
         if not len(local):
             return []
         w = 2 * raw.shape[1]
@@ -746,6 +749,8 @@ def _chunk_presence(probe: GroupProbe, probed: BoolArray) -> BoolArray:
 
 # --------------------------------------------------------------------------------- planning
 def _check_token_len(token_len: object) -> int:
+    if type(token_len) is int:  # the common case, without the ABC check below
+        return token_len
     if isinstance(token_len, bool) or not isinstance(token_len, numbers.Integral):
         raise InvalidRequest(f"token_len must be an int, got {token_len!r}")
     return int(token_len)
