@@ -59,7 +59,7 @@ _PRESENT = 1.0
 tracked, and as a time it is long past, so no known prefix is ever built on it."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Lookup:
     """One lookup in progress: its plan, probing state and the round being answered."""
 
@@ -69,7 +69,7 @@ class _Lookup:
     ident: int
     """Its number among the coordinator's lookups (>= 1), as used in :data:`_Subscribers`."""
     round_keys: KeyIndices = range(0)
-    round_present: list[float] = field(default_factory=list)
+    round_present: list[float] = field(default_factory=list)  # (set by every round)
     """Per key of the round: 0.0 absent, else until when it is known present (see _rpc;
     ``_PRESENT`` when the cache is off)."""
     waiting: int = 0
@@ -86,7 +86,7 @@ class _Lookup:
     """Settled (result, error or cancelled): answers for it are dropped."""
     walk: tuple[object, bytes] | None = None
     """Set while it is the walker of a shared prefix (see ``LookupCoordinator._follow``)."""
-    followers: list[_Lookup] = field(default_factory=list)
+    followers: list[_Lookup] | None = None
     """Lookups waiting for this walker to settle."""
     followed: bool = False
     """It waited for a walker once (it never waits twice)."""
@@ -602,6 +602,8 @@ class LookupCoordinator:
         if theirs[start].tobytes() != rows[start].tobytes():
             return False  # our next chunk is not theirs: nothing to share
         lookup.followed = True
+        if walker.followers is None:
+            walker.followers = []
         walker.followers.append(lookup)
         return True
 
@@ -611,13 +613,18 @@ class LookupCoordinator:
         if self._walkers.get(walker.walk) is walker:
             del self._walkers[walker.walk]
         walker.walk = None
-        followers, walker.followers = walker.followers, []
+        followers, walker.followers = walker.followers or (), None
         for lookup in followers:
             if not lookup.done and not lookup.future.done():
-                self._resume(lookup)
+                self._resume(lookup, walker)
 
-    def _resume(self, lookup: _Lookup) -> None:
-        """A follower's walker settled: take what the known prefixes now say, then probe."""
+    def _resume(self, lookup: _Lookup, walker: _Lookup) -> None:
+        """A follower's walker settled: take what the known prefixes now say, then probe.
+
+        The first probe is one chunk alone (as after a cached prefix) when that chunk is
+        likely absent: the follower diverged inside the walker's run (the chunk is its own),
+        or the walker probed this very chunk and stopped there. Otherwise the follower goes on
+        where the walker's own chunks ended, likely present: the usual windows."""
         try:
             state, plan = lookup.state, lookup.plan
             known = state.known_prefix
