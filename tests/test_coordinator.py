@@ -249,7 +249,8 @@ async def test_known_prefixes_skip_a_shared_prefix_without_building_its_keys(
 
 
 def _followers(coord: LookupCoordinator) -> int:
-    return sum(1 for lookup in coord._lookups.values() if lookup.followed and not lookup.done)
+    """How many lookups wait for a walker right now."""
+    return sum(len(walker.followers or ()) for walker in coord._walkers.values())
 
 
 async def test_a_lookup_sharing_a_walkers_chunks_waits_then_starts_past_its_run() -> None:
@@ -331,6 +332,127 @@ async def test_a_follower_times_out_alone() -> None:
         assert await walker == 512
         assert await coord.lookup(512, doc) == 512
         assert not coord._walkers and not coord._lookups
+
+
+class GatedStore(FakeStore):
+    """FakeStore whose calls each wait until the test opens them (``open(n)``: the n-th
+    call, counting from 0)."""
+
+    def __init__(self, present: Sequence[bytes]) -> None:
+        super().__init__(present)
+        self.gates: list[asyncio.Event] = []
+        self.arrived = asyncio.Condition()
+
+    async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
+        gate = asyncio.Event()
+        async with self.arrived:
+            self.gates.append(gate)
+            self.arrived.notify_all()
+        await gate.wait()
+        return await super().batch_is_exist(keys)
+
+    async def called(self, n: int) -> None:
+        """Wait until call ``n`` (from 0) has arrived."""
+        async with self.arrived:
+            await self.arrived.wait_for(lambda: len(self.gates) > n)
+
+    async def open(self, n: int) -> None:
+        await self.called(n)
+        self.gates[n].set()
+        for _ in range(5):  # let its answers fan out
+            await asyncio.sleep(0)
+
+
+async def test_a_follower_waits_for_one_round_of_its_walker_not_for_all_of_it() -> None:
+    """A follower is released after every round of its walker: one that shares only chunk 0
+    with a long walk goes on by itself once the walker's first round is in."""
+    doc = chain(64, b"long-walk")
+    store = GatedStore(FULL16.plan(1024, doc).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, probe_window=1) as coord:
+        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy")))  # call 0, held
+        await store.called(0)
+        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # call 1: chunk 0 alone
+        await asyncio.sleep(0)
+        short = asyncio.ensure_future(coord.lookup(64, doc[:1] + chain(3, b"own-tail")))
+        await asyncio.sleep(0)
+        assert _followers(coord) == 1
+        await store.open(1)  # the walker's first round: chunk 0 present
+        assert _followers(coord) == 0  # released: its chunk 1 is its own
+        await store.open(2)  # the walker's second round, with the short lookup's chunk 1
+        assert await short == 16
+        assert not walker.done()  # on to its next rounds (windows grow 1, 2, 4, ...)
+        n = 3
+        while not walker.done():
+            await store.open(n)
+            n += 1
+        assert await walker == 1024
+        await store.open(0)
+        assert await busy == 0
+        assert not coord._walkers
+
+
+async def test_a_follower_waits_across_walker_rounds_while_they_share_its_chunks() -> None:
+    doc = chain(64, b"in-step")
+    store = GatedStore(FULL16.plan(1024, doc).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, probe_window=1) as coord:
+        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy2")))  # call 0, held
+        await store.called(0)
+        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # windows 1, 2, 4, ...
+        await asyncio.sleep(0)
+        mine = doc[:40] + chain(24, b"mine")
+        follower = asyncio.ensure_future(coord.lookup(1024, mine))
+        await asyncio.sleep(0)
+        for call in (1, 2, 3):  # the walker's rounds up to chunk 7: still all shared
+            assert _followers(coord) == 1
+            await store.open(call)
+        n = 4
+        while not follower.done():
+            await store.open(n)
+            n += 1
+        assert await follower == 640
+        assert coord.stats().dedup_hits_total == 0  # it never joined a key of the walker
+        while not walker.done():
+            await store.open(n)
+            n += 1
+        assert await walker == 1024
+        await store.open(0)
+        assert await busy == 0
+
+
+async def test_no_waiting_for_a_walker_round_of_several_rpcs() -> None:
+    """A walker's round split over several RPCs could wait on the slowest of them: a lookup
+    then probes by itself, and one RPC held back does not hold it up."""
+    doc = chain(64, b"several")
+    store = GatedStore(FULL16.plan(1024, doc).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, max_keys_per_rpc=8) as coord:
+        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # idle: all 64 keys at once
+        await store.called(3)  # calls 0-3: its first 32 keys (4 slots of 8), the rest queued
+        short = asyncio.ensure_future(coord.lookup(64, doc[:1] + chain(3, b"short")))
+        await asyncio.sleep(0)
+        assert _followers(coord) == 0
+        for n in range(3):  # call 0 carries chunk 0; call 3 stays held for now
+            await store.open(n)
+        n = 4
+        while not short.done():
+            await store.open(n)
+            n += 1
+        assert await short == 16
+        assert not walker.done()  # still waits for call 3
+        for n in range(3, len(store.gates)):
+            await store.open(n)
+        assert await walker == 1024
+
+
+async def test_close_leaves_no_rpc_task_behind() -> None:
+    for spins in range(4):  # whenever the close comes, even before an RPC task started
+        coord = LookupCoordinator(FULL16, FakeStore(delay=0.01))
+        task = asyncio.ensure_future(coord.lookup(64, chain(4, b"close%d" % spins)))
+        for _ in range(spins):
+            await asyncio.sleep(0)
+        await coord.aclose()
+        await asyncio.gather(task, return_exceptions=True)
+        assert not coord._rpc_tasks
+        assert coord.stats().rpcs_in_flight == 0
 
 
 async def test_no_walkers_without_the_cache() -> None:

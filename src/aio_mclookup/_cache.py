@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KnownPrefixes", "PositiveCache"]
+__all__ = ["KnownPrefixes", "PositiveCache", "common_rows"]
 
 _NEVER = math.inf
 RUN_OVERHEAD_ROWS = 8
@@ -137,7 +137,7 @@ class KnownPrefixes:
         m = min(rows.shape[0], until.shape[0])
         if until[m - 1] <= now:  # its tail is out of date
             m = int(np.count_nonzero(until[:m] > now))
-        count = _common_rows(rows, run.rows, m)
+        count = common_rows(rows, run.rows, m)
         return count, (float(until[count - 1]) if count else _NEVER)
 
     def add(
@@ -152,7 +152,7 @@ class KnownPrefixes:
         run = self._runs.pop(key, None)  # re-added last: the newest runs go last
         if run is not None:
             self._rows -= run.until.shape[0] + RUN_OVERHEAD_ROWS
-            common = _common_rows(rows, run.rows)
+            common = common_rows(rows, run.rows)
             if common == count:  # a prefix of the stored run: keep it, refresh these rows
                 np.maximum(run.until[:count], until, out=run.until[:count])
                 self._store(key, run, max_rows)
@@ -171,7 +171,7 @@ class KnownPrefixes:
             self._rows -= self._runs.pop(oldest).until.shape[0] + RUN_OVERHEAD_ROWS
 
 
-def _common_rows(
+def common_rows(
     a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8], limit: int | None = None
 ) -> int:
     """How many leading rows ``a`` and ``b`` share (same width), at most ``limit`` (and at

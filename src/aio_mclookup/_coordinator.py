@@ -4,8 +4,8 @@ Data flow of one ``await coordinator.lookup(...)``:
 
 1. plan (in the caller: bad input fails here, before it can touch a shared batch);
 2. admission (bounded pending work: wait, or :class:`Overloaded`);
-3. known prefixes first (a lone full-attention group), or wait for a *walker* probing the same
-   chunks to settle (see :meth:`LookupCoordinator._follow`);
+3. known prefixes first (a lone full-attention group), then share the work of a *walker*
+   probing the same prompt (see :meth:`LookupCoordinator._follow`);
 4. probe rounds: :class:`ProbeState` names the keys whose answers can still change the hit;
    each key is answered from the positive-answer cache, joins a key already queued or in
    flight, or is queued;
@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ._cache import KnownPrefixes, PositiveCache
+from ._cache import KnownPrefixes, PositiveCache, common_rows
 from ._errors import (
     ClosedError,
     Error,
@@ -89,7 +89,9 @@ class _Lookup:
     followers: list[_Lookup] | None = None
     """Lookups waiting for this walker to settle."""
     followed: bool = False
-    """It waited for a walker once (it never waits twice)."""
+    """It waited for a walker at least once."""
+    follow_until: int = 0
+    """While following: the first chunk whose hash differs from the walker's."""
 
 
 _Subscribers = int | list[int]
@@ -251,6 +253,7 @@ class LookupCoordinator:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._rpc_tasks.clear()  # (a task cancelled before it started never removes itself)
         self._in_flight.clear()
         if self._room is not None:
             async with self._room:
@@ -526,6 +529,8 @@ class LookupCoordinator:
             self._next_round(lookup)
         except Exception as exc:
             self._fail(lookup, exc if isinstance(exc, Error) else StoreError(repr(exc)))
+        if lookup.followers:  # a walker's round is over: its followers go on from there
+            self._release(lookup, settled=lookup.done)
 
     @staticmethod
     def _fail(lookup: _Lookup, error: BaseException) -> None:
@@ -579,72 +584,92 @@ class LookupCoordinator:
                 lookup.state.record_present(range(span.start, span.start + cached))
 
     def _follow(self, lookup: _Lookup) -> bool:
-        """A lone full-attention lookup about to probe past its known prefix: if another
-        lookup (the *walker*) is probing the same chunks, wait for it to settle instead of
-        subscribing to the same keys chunk by chunk; its run of present chunks then joins the
-        known prefixes, and this lookup starts from there (see :meth:`_resume`).
+        """A lone full-attention lookup about to probe past its known prefix: share the work
+        of the lookup probing the same prompt (its *walker*, found by the layout's key prefixes
+        and the first hash) instead of subscribing to the same keys chunk by chunk.
 
-        Returns True when the lookup now waits. A lookup waits at most once, and only for a
-        walker whose hashes equal its own up to the chunk it would probe next."""
+        It takes the walker's answers for the chunks both share (same hash rows, so the same
+        keys and answers). If it is then at the walker's current chunk, with the same hash
+        there, and the walker's round fits one RPC, it waits for that round (see
+        :meth:`_release`) and returns True: a wait no longer than joining the walker's keys
+        would be. Otherwise it probes by itself (False), and becomes the walker if there is
+        none."""
         rows = lookup.prefix_rows
         start = lookup.state.known_prefix
         if rows is None or start is None or start >= rows.shape[0]:
             return False
         key = (lookup.plan.layout.prefix_bytes[0], rows[0].tobytes())
         walker = self._walkers.get(key)
-        if walker is None:
+        if walker is lookup:
+            return False
+        walked = None if walker is None else walker.state.known_prefix
+        theirs = None if walker is None else walker.prefix_rows
+        if walker is not None and walked is not None and walked > start:
+            start = self._take_walked(lookup, walker, start, walked)  # (settled or not)
+        if walker is None or walker.done:
             self._walkers[key] = lookup
             lookup.walk = key
             return False
-        theirs = walker.prefix_rows
-        if lookup.followed or theirs is None or theirs.shape[0] <= start:
-            return False
+        if theirs is None or walked != start or start >= min(theirs.shape[0], rows.shape[0]):
+            return False  # not at the walker's chunk: nothing more to share
         if theirs[start].tobytes() != rows[start].tobytes():
-            return False  # our next chunk is not theirs: nothing to share
+            return False  # our next chunk is not theirs
+        if len(walker.round_keys) > self.max_keys_per_rpc:
+            return False  # a round of several RPCs: do not wait for the slowest of them
         lookup.followed = True
+        lookup.follow_until = start + common_rows(theirs[start:], rows[start:])
         if walker.followers is None:
             walker.followers = []
         walker.followers.append(lookup)
         return True
 
+    def _take_walked(self, lookup: _Lookup, walker: _Lookup, start: int, walked: int) -> int:
+        """Record the walker's present chunks ``start`` to ``walked`` that the lookup shares
+        (as if it had joined the walker's keys); returns its new known prefix."""
+        theirs, rows = walker.prefix_rows, lookup.prefix_rows
+        assert theirs is not None and rows is not None
+        if start >= min(theirs.shape[0], rows.shape[0]) or (
+            theirs[start].tobytes() != rows[start].tobytes()  # (the usual miss, found cheaply)
+        ):
+            return start
+        shared = common_rows(theirs[start:walked], rows[start:walked])
+        if shared:
+            k = len(lookup.plan.layout.namespaces)
+            offset = lookup.plan.groups[0].key_offset
+            lookup.valid_until = min(lookup.valid_until, walker.valid_until)
+            lookup.cached_prefix = True  # (the chunk after a shared run is likely absent)
+            self._stats.cache_hits_total += shared * k
+            lookup.state.record_present(range(offset + start * k, offset + (start + shared) * k))
+        return start + shared
+
     def _end_walk(self, walker: _Lookup) -> None:
-        """A walker settled (whichever way): its followers go on by themselves."""
+        """A walker settled (whichever way): no longer the walker; release its followers."""
         assert walker.walk is not None
         if self._walkers.get(walker.walk) is walker:
             del self._walkers[walker.walk]
         walker.walk = None
+        if walker.followers:
+            self._release(walker, settled=True)
+
+    def _release(self, walker: _Lookup, settled: bool) -> None:
+        """The walker finished a round (or settled): followers whose chunks it has not yet
+        passed keep waiting; the others take what it found and follow again, or probe by
+        themselves."""
         followers, walker.followers = walker.followers or (), None
+        walked = None if settled else walker.state.known_prefix
         for lookup in followers:
-            if not lookup.done and not lookup.future.done():
-                self._resume(lookup, walker)
-
-    def _resume(self, lookup: _Lookup, walker: _Lookup) -> None:
-        """A follower's walker settled: take what the known prefixes now say, then probe.
-
-        The first probe is one chunk alone (as after a cached prefix) when that chunk is
-        likely absent: the follower diverged inside the walker's run (the chunk is its own),
-        or the walker probed this very chunk and stopped there. Otherwise the follower goes on
-        where the walker's own chunks ended, likely present: the usual windows."""
-        try:
-            state, plan = lookup.state, lookup.plan
-            known = state.known_prefix
-            rows = lookup.prefix_rows
-            if known is not None and rows is not None:
-                chunks, until = self._prefixes.leading(
-                    plan.layout.prefix_bytes[0], rows, time.monotonic()
-                )
-                if chunks > known:
-                    k = len(plan.layout.namespaces)
-                    offset = plan.groups[0].key_offset
-                    lookup.valid_until = min(lookup.valid_until, until)
-                    lookup.prefix_from_runs = chunks
-                    lookup.cached_prefix = True
-                    self._stats.cache_hits_total += (chunks - known) * k
-                    state.record_present(range(offset + known * k, offset + chunks * k))
-            if not self._follow(lookup):
-                self._next_round(lookup)
-        except Exception as exc:
-            self._fail(lookup, exc if isinstance(exc, Error) else StoreError(repr(exc)))
+            if lookup.done or lookup.future.done():
+                continue
+            if walked is not None and walked < lookup.follow_until:
+                if walker.followers is None:  # still sharing its next chunk: wait on
+                    walker.followers = []
+                walker.followers.append(lookup)
+                continue
+            try:
+                if not self._follow(lookup):
+                    self._next_round(lookup)
+            except Exception as exc:
+                self._fail(lookup, exc if isinstance(exc, Error) else StoreError(repr(exc)))
 
     def _forget(self, lookup: _Lookup) -> None:
         """Drop a finished lookup's queued probes that nobody else waits for."""
