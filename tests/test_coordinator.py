@@ -362,6 +362,13 @@ class GatedStore(FakeStore):
         for _ in range(5):  # let its answers fan out
             await asyncio.sleep(0)
 
+    async def open_until(self, task: asyncio.Future[Any], n: int) -> int:
+        """Open calls ``n``, ``n + 1``, ... until ``task`` is done; the next call's number."""
+        while not task.done():
+            await self.open(n)
+            n += 1
+        return n
+
 
 async def test_a_follower_waits_for_one_round_of_its_walker_not_for_all_of_it() -> None:
     """A follower is released after every round of its walker: one that shares only chunk 0
@@ -381,10 +388,7 @@ async def test_a_follower_waits_for_one_round_of_its_walker_not_for_all_of_it() 
         await store.open(2)  # the walker's second round, with the short lookup's chunk 1
         assert await short == 16
         assert not walker.done()  # on to its next rounds (windows grow 1, 2, 4, ...)
-        n = 3
-        while not walker.done():
-            await store.open(n)
-            n += 1
+        await store.open_until(walker, 3)
         assert await walker == 1024
         await store.open(0)
         assert await busy == 0
@@ -405,15 +409,38 @@ async def test_a_follower_waits_across_walker_rounds_while_they_share_its_chunks
         for call in (1, 2, 3):  # the walker's rounds up to chunk 7: still all shared
             assert _followers(coord) == 1
             await store.open(call)
-        n = 4
-        while not follower.done():
-            await store.open(n)
-            n += 1
+        n = await store.open_until(follower, 4)
         assert await follower == 640
         assert coord.stats().dedup_hits_total == 0  # it never joined a key of the walker
-        while not walker.done():
+        await store.open_until(walker, n)
+        assert await walker == 1024
+        await store.open(0)
+        assert await busy == 0
+
+
+async def test_followers_stop_waiting_once_the_walkers_rounds_outgrow_one_rpc() -> None:
+    doc = chain(64, b"outgrow")
+    store = GatedStore(FULL16.plan(1024, doc).keys)
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=5.0, probe_window=1, max_keys_per_rpc=4
+    ) as coord:
+        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy3")))  # call 0, held
+        await store.called(0)
+        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # rounds of 1, 2, 4, 8, ...
+        await asyncio.sleep(0)
+        follower = asyncio.ensure_future(coord.lookup(1024, doc[:40] + chain(24, b"mine")))
+        await asyncio.sleep(0)
+        waits, n = 0, 1
+        while not follower.done():
+            for w in coord._walkers.values():
+                if w.followers:
+                    waits += 1
+                    assert len(w.round_keys) <= 4  # never on a round of several RPCs
             await store.open(n)
             n += 1
+        assert waits >= 2  # it did wait, round after round, while the rounds were small
+        assert await follower == 640
+        await store.open_until(walker, n)
         assert await walker == 1024
         await store.open(0)
         assert await busy == 0
@@ -432,10 +459,7 @@ async def test_no_waiting_for_a_walker_round_of_several_rpcs() -> None:
         assert _followers(coord) == 0
         for n in range(3):  # call 0 carries chunk 0; call 3 stays held for now
             await store.open(n)
-        n = 4
-        while not short.done():
-            await store.open(n)
-            n += 1
+        await store.open_until(short, 4)
         assert await short == 16
         assert not walker.done()  # still waits for call 3
         for n in range(3, len(store.gates)):

@@ -87,7 +87,7 @@ class _Lookup:
     walk: tuple[object, bytes] | None = None
     """Set while it is the walker of a shared prefix (see ``LookupCoordinator._follow``)."""
     followers: list[_Lookup] | None = None
-    """Lookups waiting for this walker to settle."""
+    """Lookups waiting for this walker's current round."""
     followed: bool = False
     """It waited for a walker at least once."""
     follow_until: int = 0
@@ -657,6 +657,8 @@ class LookupCoordinator:
         themselves."""
         followers, walker.followers = walker.followers or (), None
         walked = None if settled else walker.state.known_prefix
+        if len(walker.round_keys) > self.max_keys_per_rpc:
+            walked = None  # its next round needs several RPCs: no waiting for it
         for lookup in followers:
             if lookup.done or lookup.future.done():
                 continue
@@ -802,15 +804,7 @@ class LookupCoordinator:
                 subscribers = pop(key, None)
                 if subscribers is None:
                     continue
-                if isinstance(subscribers, int):  # one subscriber: the common case
-                    lookup = lookups.get(subscribers >> _POS_BITS)
-                    if lookup is not None and not lookup.done:
-                        lookup.round_present[subscribers & _POS_MASK] = is_present
-                        lookup.waiting -= 1
-                        if not lookup.waiting:
-                            self._advance(lookup)
-                    continue
-                for sub in subscribers:
+                for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
                     lookup = lookups.get(sub >> _POS_BITS)
                     if lookup is not None and not lookup.done:
                         lookup.round_present[sub & _POS_MASK] = is_present
