@@ -47,8 +47,8 @@ class GroupProbe:
 
     ``chunks`` are the probed chunk indices (ascending); key ``key_offset + j * k + n`` (``k``
     namespaces) is chunk ``chunks[j]`` in namespace ``n``. ``limit`` is how many chunks exist
-    for this request. ``hash_rows`` holds the probed chunks' raw hashes (None when of mixed
-    widths: ``hex_items`` then holds them in hex); :attr:`hex_rows` hex-encodes them on first
+    for this request. ``hash_rows`` holds the probed chunks' raw hashes, C-contiguous (None
+    when of mixed widths: ``hex_items`` then holds them in hex); :attr:`hex_rows` encodes on first
     use, so a caller that needs only some keys (probing in rounds) encodes only those. Chunks
     not probed count as absent unless ``unprobed_ids`` maps them to a probed chunk with the
     same hash; :attr:`hash_ids` links probed chunks that share a hash (vLLM records presence
