@@ -88,8 +88,6 @@ class _Lookup:
     """Set while it is the walker of a shared prefix (see ``LookupCoordinator._follow``)."""
     followers: list[_Lookup] | None = None
     """Lookups waiting for this walker's current round."""
-    followed: bool = False
-    """It waited for a walker at least once."""
     follow_until: int = 0
     """While following: the first chunk whose hash differs from the walker's."""
 
@@ -616,7 +614,6 @@ class LookupCoordinator:
             return False  # our next chunk is not theirs
         if len(walker.round_keys) > self.max_keys_per_rpc:
             return False  # a round of several RPCs: do not wait for the slowest of them
-        lookup.followed = True
         lookup.follow_until = start + common_rows(theirs[start:], rows[start:])
         if walker.followers is None:
             walker.followers = []
