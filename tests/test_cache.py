@@ -92,6 +92,19 @@ def test_known_prefixes_count_the_rows_shared_with_a_stored_run() -> None:
     assert known.leading(SIG, _rows(1, 2, width=8), now=0.0) == (0, math.inf)  # other width
 
 
+def test_known_prefixes_take_the_run_key_from_the_caller() -> None:
+    """A caller that has computed ``key_of`` the rows (the coordinator does, once per lookup)
+    passes it instead of having it recomputed: same runs, same answers."""
+    known = KnownPrefixes()
+    rows = _rows(1, 2, 3, 4)
+    key = KnownPrefixes.key_of(SIG, rows)
+    assert key == (SIG, rows[0].tobytes())
+    known.add(SIG, rows, until=10.0, max_rows=1000, key=key)
+    assert known.leading(SIG, _rows(1, 2, 9), now=0.0) == (2, 10.0)
+    assert known.leading(SIG, _rows(1, 2, 9), now=0.0, key=key) == (2, 10.0)
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=0.0, key=(SIG, b"other")) == (0, math.inf)
+
+
 def test_known_prefixes_expire_row_by_row_from_the_end() -> None:
     known = KnownPrefixes()
     known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000)

@@ -401,6 +401,28 @@ def test_keys_at_hex_encodes_only_the_hashes_it_needs() -> None:
     assert plan.keys_at(range(0, 64)) == keys
 
 
+@pytest.mark.parametrize(
+    ("cache_prefix", "separator"),
+    [("", b"\x00"), ("a\x00b", b"\n"), ("a\x00\nb", b" "), ("a\x00\n b", None)],
+)
+def test_runs_of_keys_built_by_splitting_match_vllm(cache_prefix: str, separator: Any) -> None:
+    """One namespace: runs of keys are hex-encoded with a separator found in no key prefix,
+    prefixed and split; a prefix holding every candidate separator takes the other path."""
+    layout = _full16(cache_prefix=cache_prefix)
+    assert layout.key_separators == (separator,)
+    hashes = [b"%031d" % i + b"\x00" for i in range(300)]  # (the separator within hashes)
+    want = [k.encode() for k in _ref_keys(layout, 16 * 300, hashes)]
+    rows = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(300, -1)
+    rng = np.random.default_rng(5)
+    for lo, hi in [(0, 1), (0, 2), (7, 40), (10, 105), (0, 95), (0, 96), (100, 300), (0, 300)]:
+        assert layout.plan(16 * 300, rows).keys_at(range(lo, hi)) == want[lo:hi]
+        assert layout.plan(16 * 300, hashes).keys_at(range(lo, hi)) == want[lo:hi]
+    for size in (2, 30, 95, 96, 150):
+        idx = np.sort(rng.choice(300, size=size, replace=False)).astype(np.int64)
+        assert layout.plan(16 * 300, rows).keys_at(idx) == [want[i] for i in idx.tolist()]
+    assert layout.plan(16 * 300, rows).keys == want
+
+
 # ------------------------------------------------------------------------------ resolve
 @pytest.mark.parametrize("exists", [[1, 1], [1, 1, 1, 1], [], None, [[1, 1, 1]], 1])
 def test_resolve_with_wrong_shape_is_refused(exists: Any) -> None:

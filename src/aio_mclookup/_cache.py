@@ -118,14 +118,25 @@ class KnownPrefixes:
         """Rows held, over all runs (each counting ``RUN_OVERHEAD_ROWS`` more)."""
         return self._rows
 
+    @staticmethod
+    def key_of(signature: Hashable, rows: npt.NDArray[np.uint8]) -> tuple[Hashable, bytes]:
+        """The key of the run ``rows`` (at least one) belong to: signature and first hash."""
+        return signature, rows[0].tobytes()
+
     def leading(
-        self, signature: Hashable, rows: npt.NDArray[np.uint8], now: float
+        self,
+        signature: Hashable,
+        rows: npt.NDArray[np.uint8],
+        now: float,
+        key: tuple[Hashable, bytes] | None = None,
     ) -> tuple[int, float]:
         """How many of ``rows`` (a request's chunk hashes, from the first) are known present
-        at ``now``, and until when all of those are (``inf`` when none are)."""
+        at ``now``, and until when all of those are (``inf`` when none are). ``key`` is
+        :meth:`key_of` the rows, if the caller has it already."""
         if not rows.shape[0]:
             return 0, _NEVER
-        key = (signature, rows[0].tobytes())
+        if key is None:
+            key = (signature, rows[0].tobytes())
         run = self._runs.get(key)
         if run is None:
             return 0, _NEVER
@@ -141,14 +152,20 @@ class KnownPrefixes:
         return count, (float(until[count - 1]) if count else _NEVER)
 
     def add(
-        self, signature: Hashable, rows: npt.NDArray[np.uint8], until: float, max_rows: int
+        self,
+        signature: Hashable,
+        rows: npt.NDArray[np.uint8],
+        until: float,
+        max_rows: int,
+        key: tuple[Hashable, bytes] | None = None,
     ) -> None:
         """Remember that ``rows`` (chunk hashes from a request's first) are present until
-        ``until`` (monotonic seconds)."""
+        ``until`` (monotonic seconds). ``key`` as for :meth:`leading`."""
         count = rows.shape[0]
         if not count:
             return
-        key = (signature, rows[0].tobytes())
+        if key is None:
+            key = (signature, rows[0].tobytes())
         run = self._runs.pop(key, None)  # re-added last: the newest runs go last
         if run is not None:
             self._rows -= run.until.shape[0] + RUN_OVERHEAD_ROWS

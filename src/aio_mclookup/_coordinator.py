@@ -24,7 +24,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,7 +84,10 @@ class _Lookup:
     """Until when every presence this lookup relied on holds (its earliest expiry)."""
     done: bool = False
     """Settled (result, error or cancelled): answers for it are dropped."""
-    walk: tuple[object, bytes] | None = None
+    prompt: tuple[Hashable, bytes] | None = None
+    """With ``prefix_rows``: the layout's key prefixes and the first hash, which find its
+    known prefix and its walker."""
+    walk: tuple[Hashable, bytes] | None = None
     """Set while it is the walker of a shared prefix (see ``LookupCoordinator._follow``)."""
     followers: list[_Lookup] | None = None
     """Lookups waiting for this walker's current round."""
@@ -196,7 +199,7 @@ class LookupCoordinator:
         in flight: what deduplication does anyway, just a moment later."""
         self._cache = PositiveCache()  # filled only while cache_ttl is set
         self._prefixes = KnownPrefixes()  # likewise
-        self._walkers: dict[tuple[object, bytes], _Lookup] = {}  # see _follow
+        self._walkers: dict[tuple[Hashable, bytes], _Lookup] = {}  # see _follow
         self._lookups: dict[int, _Lookup] = {}  # by ident: the subscribers' registry
         self._idents = itertools.count(1)
         self._dispatch_lookups: set[_Lookup] = set()
@@ -451,6 +454,7 @@ class LookupCoordinator:
                 lookup.prefix_rows[:known],
                 lookup.valid_until,
                 self.cache_max_keys,
+                lookup.prompt,
             )
 
     def _subscribe(self, lookup: _Lookup, keys: Sequence[bytes]) -> bool:
@@ -558,10 +562,13 @@ class LookupCoordinator:
             span = plan.key_span(probe)
             run = 0
             if prefix_mode and probe.hash_rows is not None:
+                signature = plan.layout.prefix_bytes[0]
+                prompt = KnownPrefixes.key_of(signature, probe.hash_rows)
                 if self.cache_ttl is not None:  # remember its prefix once it settles
                     lookup.prefix_rows = probe.hash_rows
+                    lookup.prompt = prompt
                 chunks, lookup.valid_until = self._prefixes.leading(
-                    plan.layout.prefix_bytes[0], probe.hash_rows, now
+                    signature, probe.hash_rows, now, prompt
                 )
                 lookup.prefix_from_runs = chunks
                 run = chunks * k
@@ -592,11 +599,10 @@ class LookupCoordinator:
         :meth:`_release`) and returns True: a wait no longer than joining the walker's keys
         would be. Otherwise it probes by itself (False), and becomes the walker if there is
         none."""
-        rows = lookup.prefix_rows
+        rows, key = lookup.prefix_rows, lookup.prompt
         start = lookup.state.known_prefix
-        if rows is None or start is None or start >= rows.shape[0]:
+        if rows is None or key is None or start is None or start >= rows.shape[0]:
             return False
-        key = (lookup.plan.layout.prefix_bytes[0], rows[0].tobytes())
         walker = self._walkers.get(key)
         if walker is lookup:
             return False

@@ -236,10 +236,20 @@ class KVLayout:
             else None
             for ps in self.prefix_bytes
         )
+        # Per group with one namespace: a byte found in no key prefix, so that a run of keys
+        # can be built by C calls (hex with this separator, prefix it, split on it).
+        self.key_separators: tuple[bytes | None, ...] = tuple(
+            next((sep for sep in (b"\x00", b"\n", b" ") if sep not in ps[0]), None)
+            if len(ps) == 1
+            else None
+            for ps in self.prefix_bytes
+        )
         # Probed chunk indices per (group, chunk limit, token_len): lengths repeat.
         self.probe_cache: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
         self.has_chunked_local = any(isinstance(g, ChunkedLocalAttention) for g in self.groups)
         self.has_full_attention = any(isinstance(g, FullAttention) for g in self.groups)
+        # One full-attention group and nothing else (the common chat model).
+        self.lone_full_attention = len(self.groups) == 1 and self.has_full_attention
         # Merge identical specs (first-appearance order), then put full attention first
         # (a stable sort, as vLLM's coordinator does). With use_eagle and no group flagged,
         # vLLM applies EAGLE to every spec-group.

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ._errors import InvalidRequest
 from ._hits import full_attention_prefix_hit, longest_hit
-from ._layout import ChunkedLocalAttention, FullAttention, SlidingWindow, window_blocks
+from ._layout import ChunkedLocalAttention, SlidingWindow, window_blocks
 
 if TYPE_CHECKING:
     from ._layout import KVLayout
@@ -37,6 +37,7 @@ KeyIndices = IntArray | range
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _FEW_KEYS = 48  # fewer keys than this are built by concatenation: faster than the array path
+_SPLIT_KEYS = 96  # likewise, where one split builds them (one namespace; see _concatenate)
 SCOUT_WINDOW = 8
 """Prefix-mode rounds probing at least this many chunks also send scouts (see ProbeState)."""
 
@@ -261,7 +262,7 @@ class LookupPlan:
         if local is None:
             return self._assemble_range(probe, 0, probe.chunks.size * k)
         prefix_rows = self.layout.prefix_rows[probe.group_id]
-        if prefix_rows is None or probe.hash_rows is None or local.size < _FEW_KEYS:
+        if prefix_rows is None or probe.hash_rows is None or local.size < self._few(probe):
             return self._concatenate(probe, local)
         hexed = probe.hex_at(local // k)
         plen = prefix_rows.shape[1]
@@ -276,7 +277,7 @@ class LookupPlan:
         """A group's keys ``lo`` to ``hi`` (group-local key indices), from slices of its
         hashes."""
         prefix_rows = self.layout.prefix_rows[probe.group_id]
-        if prefix_rows is None or probe.hash_rows is None or hi - lo < _FEW_KEYS:
+        if prefix_rows is None or probe.hash_rows is None or hi - lo < self._few(probe):
             return self._concatenate(probe, range(lo, hi))
         k, plen = prefix_rows.shape
         first, last = lo // k, (hi - 1) // k + 1
@@ -293,10 +294,18 @@ class LookupPlan:
         keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
         return keys
 
+    def _few(self, probe: GroupProbe) -> int:
+        """Below this many keys, :meth:`_concatenate` beats the array path."""
+        return _SPLIT_KEYS if self.layout.key_separators[probe.group_id] else _FEW_KEYS
+
     def _concatenate(self, probe: GroupProbe, local: range | IntArray) -> list[bytes]:
         """``prefix@hex`` by bytes concatenation (group-local key indices, ascending): for a
-        few keys (one C call hex-encodes their hashes, then each key is a slice of that),
-        prefixes of different widths, or hashes of different widths."""
+        few keys, prefixes of different widths, or hashes of different widths.
+
+        One C call hex-encodes the hashes. With one namespace it puts a separator (a byte in
+        no prefix) between them; replacing each separator by itself plus the prefix and then
+        splitting there makes every key in C, one object each. Otherwise each key is the
+        prefix plus a slice of the hex."""
         prefixes = self.layout.prefix_bytes[probe.group_id]
         k = len(prefixes)
         raw = probe.hash_rows
@@ -318,10 +327,15 @@ class LookupPlan:
             first = 0
             rows = local // k if k > 1 else local
         encoded = probe.hex_if_encoded
+        sep = self.layout.key_separators[probe.group_id]
+        if sep is not None and encoded is None:  # (one namespace)
+            prefix = prefixes[0]
+            hexed = binascii.hexlify(raw[rows].data, sep, raw.shape[1])  # (C-contiguous rows)
+            return (prefix + hexed.replace(sep, sep + prefix)).split(sep)
         if encoded is not None:
             text = encoded[rows].tobytes()
         else:
-            text = binascii.hexlify(raw[rows].data)  # (hash rows are C-contiguous)
+            text = binascii.hexlify(raw[rows].data)
         if k == 1:  # one key per row of text
             prefix = prefixes[0]
             return [prefix + text[j : j + w] for j in range(0, len(text), w)]
@@ -371,12 +385,7 @@ class LookupPlan:
     @property
     def single_full_attention(self) -> bool:
         """One full-attention group: its hit is the run of present chunks from the first."""
-        layout = self.layout
-        return (
-            len(self._groups) == 1
-            and len(layout.spec_groups) == 1
-            and isinstance(layout.groups[0], FullAttention)
-        )
+        return self.layout.lone_full_attention and len(self._groups) == 1
 
     def prefix_hit(self, chunks: int) -> int:
         """The hit of a :attr:`single_full_attention` plan whose first ``chunks`` chunks are
