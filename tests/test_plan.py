@@ -285,6 +285,105 @@ def test_sliding_window_tails_read_from_lists_in_vllm_order(eagle: bool, extra: 
     assert _decoded(layout.plan(token_len, mixed).keys) == _ref_keys(layout, token_len, mixed)
 
 
+def _dsv4_answers(plan: Any, rng: np.random.Generator) -> Iterator[list[int]]:
+    """Random answers, then prefix-shaped ones (present up to a cut, absent after)."""
+    for _ in range(20):
+        yield rng.choice([1, 1, 1, 0], size=plan.num_keys).tolist()
+    for cut in (0, plan.num_keys // 3, plan.num_keys // 2, plan.num_keys):
+        yield [1] * cut + [0] * (plan.num_keys - cut)
+
+
+@pytest.mark.parametrize("form", ["list", "array"])
+def test_groups_whose_hashes_another_group_probes_read_them_from_it(form: str) -> None:
+    """DSv4-like: the full-attention chunk ends and SWA-64's tails are among SWA-8's tails, so
+    those groups take their rows from SWA-8's (one read of the request for all three)."""
+    layout = _dsv4()
+    token_len = 256 * 8
+    rows = np.random.default_rng(1).integers(0, 256, size=(token_len // 4, 32), dtype=np.uint8)
+    hashes: Any = [bytes(r) for r in rows] if form == "list" else rows
+    plan = layout.plan(token_len, hashes)
+    supersets = [p.subset_of.group_id if p.subset_of else None for p in plan.groups]
+    assert supersets == [3, 3, None, None]
+    assert _decoded(plan.keys) == _ref_keys(layout, token_len, [bytes(r) for r in rows])
+    for probe in plan.groups:  # each group's rows are its own chunks' hashes, in order
+        units = probe.chunks * (layout.groups[probe.group_id].block_size // 4) + (
+            layout.groups[probe.group_id].block_size // 4 - 1
+        )
+        assert probe.hash_rows is not None
+        assert (probe.hash_rows == rows[units]).all() and probe.hash_rows.flags.c_contiguous
+
+
+def test_a_superset_of_mixed_widths_leaves_its_subsets_to_read_on_their_own() -> None:
+    layout = _dsv4()
+    token_len = 256 * 8
+    hashes = [bytes([i % 256, i // 256]) * 16 for i in range(token_len // 4)]
+    hashes[33] += b"!"  # read by SWA-8 only: its hashes are of mixed widths
+    plan = layout.plan(token_len, hashes)
+    assert plan.groups[3].hash_rows is None and plan.groups[0].hash_rows is not None
+    assert [p.subset_of for p in plan.groups] == [None] * 4
+    assert _decoded(plan.keys) == _ref_keys(layout, token_len, hashes)
+
+
+@pytest.mark.parametrize("form", ["list", "array"])
+@pytest.mark.parametrize(
+    ("same", "repeats"),
+    [
+        ((), ()),
+        ((63, 191), (0, 1, 2, 3)),  # a full-attention chunk end: every group reads it
+        ((33, 99), (3,)),  # only SWA-8 reads these: groups 0 and 1 need their own check
+        ((62, 126), (2,)),
+        ((47, 111), (1, 3)),
+    ],
+)
+def test_repeated_hashes_are_found_in_groups_read_from_another(
+    form: str, same: tuple[int, ...], repeats: tuple[int, ...]
+) -> None:
+    """vLLM records presence per (group, hash): a group whose rows come from a superset's
+    trusts the superset's "no repeats", and otherwise checks its own rows."""
+    layout = _dsv4()
+    token_len = 256 * 8
+    rows = np.random.default_rng(2).integers(0, 256, size=(token_len // 4, 32), dtype=np.uint8)
+    if same:
+        rows[same[1]] = rows[same[0]]
+    as_list = [bytes(r) for r in rows]
+    hashes: Any = as_list if form == "list" else rows
+    plan = layout.plan(token_len, hashes)
+    assert [g for g, p in enumerate(plan.groups) if p.hash_ids is not None] == list(repeats)
+    ref = BaselineLookup(layout.to_dict())
+    _, meta = ref.build_keys(token_len, as_list)
+    for exists in _dsv4_answers(plan, np.random.default_rng(len(same) and same[0])):
+        assert layout.plan(token_len, hashes).resolve(exists) == ref.resolve(
+            token_len, as_list, meta, exists
+        )
+
+
+def test_sliding_window_tails_of_widths_that_sum_right_are_kept_as_bytes() -> None:
+    """Hashes of 31 and 33 bytes in one strided slice join to as many bytes as two of 32: every
+    item's width is checked, so they are not cut into wrong rows."""
+    layout = _dsv4()
+    token_len = 256 * 8
+    hashes = [bytes([i % 256, i // 256]) * 16 for i in range(token_len // 4)]
+    hashes[47], hashes[111] = hashes[47][:31], hashes[111] + b"!"  # SWA-64's and SWA-8's
+    plan = layout.plan(token_len, hashes)
+    assert plan.groups[1].hash_rows is None and plan.groups[3].hash_rows is None
+    assert _decoded(plan.keys) == _ref_keys(layout, token_len, hashes)
+    bad: list[Any] = list(hashes)
+    bad[97] = 97  # a masked-in SWA-8 tail
+    with pytest.raises(InvalidRequest, match=r"block_hashes\[97\]"):
+        layout.plan(token_len, bad)
+
+
+def test_hex_rows_are_each_hash_in_hex() -> None:
+    rows = np.random.default_rng(4).integers(0, 256, size=(40, 32), dtype=np.uint8)
+    plan = _dsv4().plan(256 * 4, rows[:256])
+    for probe in plan.groups:
+        assert probe.hash_rows is not None and probe.hex_rows is not None
+        assert [bytes(h) for h in probe.hex_rows] == [r.tobytes().hex().encode()
+                                                       for r in probe.hash_rows]
+    empty = _full16().plan(48, [b"", b"", b""])
+    assert empty.keys == [b"test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"] * 3
+
+
 def test_plan_does_not_see_later_writes_to_the_hash_array() -> None:
     """The plan keeps its own copy of the hashes it reads: a caller reusing its buffer after
     planning cannot change which hashes count as repeats."""

@@ -244,8 +244,9 @@ class KVLayout:
             else None
             for ps in self.prefix_bytes
         )
-        # Probed chunk indices per (group, chunk limit, token_len): lengths repeat.
-        self.probe_cache: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
+        # What each group probes per (token_len, chunk limits): lengths repeat (see _plan).
+        self.probe_cache: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self.block_sizes = tuple(g.block_size for g in self.groups)
         self.has_chunked_local = any(isinstance(g, ChunkedLocalAttention) for g in self.groups)
         self.has_full_attention = any(isinstance(g, FullAttention) for g in self.groups)
         # One full-attention group and nothing else (the common chat model).
