@@ -522,6 +522,21 @@ def test_runs_of_keys_built_by_splitting_match_vllm(cache_prefix: str, separator
     assert layout.plan(16 * 300, rows).keys == want
 
 
+@pytest.mark.parametrize(
+    "hashes",
+    [[b"a", b"bb", b"ccc", b"dddd"], [b""] * 4, [b"%02d" % i for i in range(4)]],
+    ids=["mixed-widths", "empty", "one-width"],
+)
+def test_one_key_at_a_time_matches_vllm(hashes: list[bytes]) -> None:
+    """A round of one key (a cached prompt's likely miss) takes its own short path."""
+    layout = _full16(tp_size=2, num_kv_heads=2)
+    for lay in (_full16(), layout):
+        want = [k.encode() for k in _ref_keys(lay, 64, hashes)]
+        for i in range(len(want)):
+            assert lay.plan(64, hashes).keys_at(range(i, i + 1)) == [want[i]]
+            assert lay.plan(64, hashes).keys_at(np.array([i])) == [want[i]]
+
+
 # ------------------------------------------------------------------------------ resolve
 @pytest.mark.parametrize("exists", [[1, 1], [1, 1, 1, 1], [], None, [[1, 1, 1]], 1])
 def test_resolve_with_wrong_shape_is_refused(exists: Any) -> None:

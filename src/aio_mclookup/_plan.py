@@ -241,6 +241,8 @@ class LookupPlan:
         groups = self._groups
         if len(groups) == 1:  # key indices are the group's own (its offset is 0)
             if isinstance(indices, range):
+                if len(indices) == 1:  # (the usual round of a cached prompt: the likely miss)
+                    return [self._one_key(groups[0], indices.start)]
                 return self._assemble_range(groups[0], indices.start, indices.stop)
             return self._assemble(groups[0], indices)
         k = len(self.layout.namespaces)
@@ -301,6 +303,16 @@ class LookupPlan:
         """Below this many keys, :meth:`_concatenate` beats the array path."""
         return _SPLIT_KEYS if self.layout.key_separators[probe.group_id] else _FEW_KEYS
 
+    def _one_key(self, probe: GroupProbe, local: int) -> bytes:
+        """The key at one group-local key index."""
+        prefixes = self.layout.prefix_bytes[probe.group_id]
+        k = len(prefixes)
+        raw = probe.hash_rows
+        if raw is None:
+            return prefixes[local % k] + probe.hex_items[local // k]
+        row: bytes = raw[local // k].tobytes()
+        return prefixes[local % k] + row.hex().encode()
+
     def _concatenate(self, probe: GroupProbe, local: range | IntArray) -> list[bytes]:
         """``prefix@hex`` by bytes concatenation (group-local key indices, ascending): for a
         few keys, prefixes of different widths, or hashes of different widths.
@@ -315,9 +327,8 @@ class LookupPlan:
         if raw is None:
             items = probe.hex_items
             return [prefixes[i % k] + items[i // k] for i in _ints(local)]
-        if len(local) == 1 and raw.shape[1]:  # one key: no slicing
-            i = int(local[0])
-            return [prefixes[i % k] + binascii.hexlify(raw[i // k].data)]
+        if len(local) == 1:
+            return [self._one_key(probe, int(local[0]))]
         if not len(local):
             return []
         w = 2 * raw.shape[1]
