@@ -537,6 +537,48 @@ def test_one_key_at_a_time_matches_vllm(hashes: list[bytes]) -> None:
             assert lay.plan(64, hashes).keys_at(np.array([i])) == [want[i]]
 
 
+@pytest.mark.parametrize(
+    ("groups", "hashes"),
+    [
+        ([SlidingWindow(1, 2), Mamba(4)], [b""] * 8),  # every tail hash empty
+        # the full-attention group has mixed widths, so the window reads its own (empty) tails
+        ([FullAttention(2), SlidingWindow(1, 2)], [b"\xab"] * 3 + [b""] + [b"\xab"] * 3 + [b""]),
+    ],
+)
+def test_empty_hashes_read_from_a_list_make_keys(groups: list[Any], hashes: list[bytes]) -> None:
+    """Found by review: a sliding window's tails read from a list, all of them empty hashes."""
+    layout = KVLayout(groups, model="m", hash_block_size=1, scheduler_block_size=4)
+    plan = layout.plan(8, hashes)
+    assert _decoded(plan.keys) == _ref_keys(layout, 8, hashes)
+    ref = BaselineLookup(layout.to_dict())
+    keys, meta = ref.build_keys(8, hashes)
+    for answers in ([1] * len(keys), [0] * len(keys), [1, 0] * (len(keys) // 2)):
+        assert plan.resolve(answers) == ref.resolve(8, hashes, meta, answers)
+
+
+def test_probe_target_cache_is_bounded_in_entries_and_bytes(monkeypatch: Any) -> None:
+    """The per-layout cache of what each group probes drops its oldest entries."""
+    from aio_mclookup import _plan
+
+    layout = _dsv4()
+    rows = np.zeros((4096, 32), dtype=np.uint8)
+    monkeypatch.setattr(_plan, "_PROBE_CACHE_ENTRIES", 3)
+    for tokens in range(256, 256 * 6, 256):
+        layout.plan(tokens, rows[: tokens // 4])
+    assert [key[0] for key in layout.probe_cache] == [256 * 3, 256 * 4, 256 * 5]
+    entry = sum(t.nbytes for t in layout.probe_cache[(256 * 5, tuple(
+        256 * 5 // g.block_size for g in layout.groups))])
+    monkeypatch.setattr(_plan, "_PROBE_CACHE_BYTES", entry)  # room for that entry alone
+    layout.plan(256 * 2, rows[: 256 * 2 // 4])  # a smaller one: the older ones make room
+    assert [key[0] for key in layout.probe_cache] == [256 * 2]
+    assert layout.probe_cache_bytes == sum(
+        sum(t.nbytes for t in targets) for targets in layout.probe_cache.values()
+    )
+    monkeypatch.setattr(_plan, "_PROBE_CACHE_BYTES", 1)  # nothing fits: planned, not kept
+    plan = layout.plan(256, rows[:64])
+    assert plan.num_keys and not layout.probe_cache and layout.probe_cache_bytes == 0
+
+
 # ------------------------------------------------------------------------------ resolve
 @pytest.mark.parametrize("exists", [[1, 1], [1, 1, 1, 1], [], None, [[1, 1, 1]], 1])
 def test_resolve_with_wrong_shape_is_refused(exists: Any) -> None:

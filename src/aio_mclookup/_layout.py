@@ -20,7 +20,7 @@ import numpy.typing as npt
 from ._errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from ._plan import HashInput, LookupPlan
+    from ._plan import HashInput, LookupPlan, _ProbeTarget
 
 __all__ = [
     "ChunkedLocalAttention",
@@ -245,7 +245,8 @@ class KVLayout:
             for ps in self.prefix_bytes
         )
         # What each group probes per (token_len, chunk limits): lengths repeat (see _plan).
-        self.probe_cache: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self.probe_cache: dict[tuple[int, tuple[int, ...]], tuple[_ProbeTarget, ...]] = {}
+        self.probe_cache_bytes = 0
         self.block_sizes = tuple(g.block_size for g in self.groups)
         self.has_chunked_local = any(isinstance(g, ChunkedLocalAttention) for g in self.groups)
         self.has_full_attention = any(isinstance(g, FullAttention) for g in self.groups)

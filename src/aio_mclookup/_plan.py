@@ -71,7 +71,8 @@ class GroupProbe:
 
     @property
     def hex_rows(self) -> npt.NDArray[np.uint8] | None:
-        """Every probed hash in hex, a (n, 2 * width) uint8 array (None: mixed widths)."""
+        """Every probed hash in hex, a read-only (n, 2 * width) uint8 array, not necessarily
+        contiguous (None: mixed widths)."""
         if self._hex_rows is None and self.hash_rows is not None:
             self._hex_rows = _hex_rows(self.hash_rows)
         return self._hex_rows
@@ -349,7 +350,7 @@ class LookupPlan:
         if encoded is not None:
             text = encoded[rows].tobytes()
         else:
-            text = binascii.hexlify(raw[rows].data)
+            text = binascii.hexlify(raw[rows].data)  # (C-contiguous rows, as above)
         if k == 1:  # one key per row of text
             prefix = prefixes[0]
             return [prefix + text[j : j + w] for j in range(0, len(text), w)]
@@ -880,8 +881,8 @@ def _interleaved_rows(
     slices: Sequence[Sequence[Any]], count: int
 ) -> npt.NDArray[np.uint8] | None:
     """The first ``count`` hashes taken in turn from ``slices`` (one per offset of a period,
-    the longest first), as a (count, width) array; None unless every item is ``bytes`` of one
-    width (the caller's general path then sorts out mixed widths and errors).
+    the longest first), as a (count, width) array; None unless every item is bytes-like with
+    one length (the caller's general path then sorts out mixed widths and errors).
 
     Each slice is joined on its own and written into its column of a (periods, m, width)
     array: no Python-level interleaving. Every item's width is checked, since a join's length
@@ -901,7 +902,7 @@ def _interleaved_rows(
             return None
         out[:n, j] = np.frombuffer(joined, dtype=np.uint8).reshape(n, width)
     assert out is not None
-    return out.reshape(-1, width)[:count]
+    return out.reshape(out.shape[0] * out.shape[1], width)[:count]  # (width may be 0)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -920,6 +921,12 @@ class _ProbeTarget:
     source: int | None = None
     positions: IntArray | None = None
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held by its arrays."""
+        size = self.chunks.nbytes + (self.positions.nbytes if self.positions is not None else 0)
+        return size + (self.units.nbytes if isinstance(self.units, np.ndarray) else 0)
+
 
 def _probe_targets(
     layout: KVLayout, token_len: int, limits: tuple[int, ...]
@@ -929,10 +936,24 @@ def _probe_targets(
     key = (token_len, limits)
     targets = cache.get(key)
     if targets is None:
-        if len(cache) >= 256:
-            cache.pop(next(iter(cache)))
-        targets = cache[key] = _plan_targets(layout, token_len, limits)
+        targets = _plan_targets(layout, token_len, limits)
+        size = sum(t.nbytes for t in targets)
+        while cache and (
+            len(cache) >= _PROBE_CACHE_ENTRIES
+            or layout.probe_cache_bytes + size > _PROBE_CACHE_BYTES
+        ):
+            oldest = cache.pop(next(iter(cache)))
+            layout.probe_cache_bytes -= sum(t.nbytes for t in oldest)
+        if size <= _PROBE_CACHE_BYTES:
+            cache[key] = targets
+            layout.probe_cache_bytes += size
     return targets
+
+
+_PROBE_CACHE_ENTRIES = 256
+_PROBE_CACHE_BYTES = 64 << 20
+"""Bounds on a layout's cache of probe targets (oldest entries go first): request lengths
+repeat, but one entry of a 1M-token DeepSeek-V4-like request holds about 1.4 MB."""
 
 
 def _plan_targets(
@@ -1025,8 +1046,9 @@ def _key_fields(plen: int, width: int) -> np.dtype[np.void]:
 
 
 def _hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    """Lower-case hex of each row, as a (n, 2 * width) uint8 array of ASCII (a read-only view
-    whose rows sit ``2 * width + 1`` bytes apart)."""
+    """Lower-case hex of each row, as a (n, 2 * width) uint8 array of ASCII: a read-only view
+    whose rows sit ``2 * width + 1`` bytes apart (a plain array when there is nothing to
+    encode)."""
     n, width = rows.shape
     if not n or not width:
         return np.zeros((n, 2 * width), dtype=np.uint8)
@@ -1064,6 +1086,10 @@ def _duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> In
         return None
     first: dict[bytes, int] = {}
     return np.array([first.setdefault(h, i) for i, h in enumerate(items)], dtype=np.int64)
+
+
+_NOT_READ: tuple[npt.NDArray[np.uint8] | None, list[bytes]] = (None, [])
+"""Placeholder in build_plan for a group whose rows come from another group's."""
 
 
 def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> LookupPlan:
@@ -1136,16 +1162,13 @@ def build_plan(layout: KVLayout, token_len: object, block_hashes: object) -> Loo
             )
         )
         offset += chunks.size * len(layout.namespaces)
-    for gid, target in enumerate(targets) if subsets else ():  # rows taken from a source's:
-        if target.source is not None and gathered[target.source][0] is not None:
-            probes[gid].subset_of = probes[target.source]  # its verdict on repeats holds
+    if subsets:  # rows taken from a source's: its verdict on repeated hashes holds for them
+        for gid, target in enumerate(targets):
+            if target.source is not None and gathered[target.source][0] is not None:
+                probes[gid].subset_of = probes[target.source]
     if offset and layout.has_chunked_local:
         _check_supported(layout)
     return LookupPlan(layout, tokens, tuple(probes), offset, short)
-
-
-_NOT_READ: tuple[npt.NDArray[np.uint8] | None, list[bytes]] = (None, [])
-"""Placeholder in build_plan for a group whose rows come from another group's."""
 
 
 def _check_supported(layout: KVLayout) -> None:
