@@ -858,6 +858,7 @@ def _build_keys(plan: LookupPlan) -> None:
     if plan.key_array() is None:
         plan.keys  # noqa: B018 - builds and caches the list
 
+
 def _error_label(exc: Error) -> str:
     """The ``errors_by_code`` label of a failed lookup."""
     if isinstance(exc, StoreError):
