@@ -161,3 +161,37 @@ def test_known_prefixes_of_empty_hashes() -> None:
     known.add(SIG, empty, until=10.0, max_rows=1000)
     known.add(SIG, empty[:2], until=12.0, max_rows=1000)
     assert known.leading(SIG, np.zeros((5, 0), dtype=np.uint8), now=0.0) == (3, 10.0)
+
+
+def test_known_prefixes_tell_whether_the_chunk_after_a_match_is_likely_absent() -> None:
+    """A hint for the first probe after a known prefix: the chunk alone (likely absent) or a
+    window (likely present). Answers never depend on it."""
+    known = KnownPrefixes()
+    rows = _rows(1, 2, 3)
+    key = KnownPrefixes.key_of(SIG, rows)
+    assert known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # no run: nothing known
+    known.add(SIG, rows, until=10.0, max_rows=1000, key=key, miss=(9).to_bytes(4, "little"))
+    assert known.likely_absent_after(key, _rows(1, 7, 3), 1)  # its own way: likely its own
+    assert not known.likely_absent_after(key, _rows(1, 2, 3), 1)  # as the run goes on
+    assert known.likely_absent_after(key, _rows(1, 2, 3, 9), 3)  # the run's very miss
+    assert known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # never grown: likely absent
+    assert known.likely_absent_after(key, _rows(1, 2, 3), 3)  # nothing after the request
+    assert known.likely_absent_after(None, _rows(1, 2, 3, 4), 3)
+
+
+def test_known_prefixes_count_how_often_a_run_grew_past_its_end() -> None:
+    """Requests that share a document up to different cuts: once a run has grown past its
+    end, the chunk after it is more likely present than not (unless it is the last miss)."""
+    known = KnownPrefixes()
+    key = KnownPrefixes.key_of(SIG, _rows(1))
+    known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000, miss=(8).to_bytes(4, "little"))
+    known.add(SIG, _rows(1, 2, 3), until=10.0, max_rows=1000, miss=(9).to_bytes(4, "little"))
+    assert not known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # grown once
+    assert known.likely_absent_after(key, _rows(1, 2, 3, 9), 3)  # the latest miss
+    known.add(SIG, _rows(1, 2, 3), until=10.0, max_rows=1000, miss=(4).to_bytes(4, "little"))
+    assert known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # the same rows' newer miss
+    assert not known.likely_absent_after(key, _rows(1, 2, 3, 9), 3)
+    known.add(SIG, _rows(1, 2, 5), until=10.0, max_rows=1000)  # diverges: not a growth
+    assert not known.likely_absent_after(key, _rows(1, 2, 5, 6), 3)  # (keeps the count)
+    known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000, miss=(7).to_bytes(4, "little"))
+    assert not known.likely_absent_after(key, _rows(1, 2, 5, 6), 3)  # a prefix: no change

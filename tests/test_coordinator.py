@@ -395,6 +395,30 @@ async def test_a_follower_waits_for_one_round_of_its_walker_not_for_all_of_it() 
         assert not coord._walkers
 
 
+async def test_the_first_round_after_a_known_prefix_follows_the_likely_answer() -> None:
+    """While the store is busy, the chunk right after a known prefix is probed alone when it is
+    likely absent (the request went its own way, or the run never grew past its end), and a
+    window of chunks is probed at once when the run has grown past its end before."""
+    doc = chain(64, b"grown")
+    store = GatedStore(FULL16.plan(1024, doc).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy")))  # call 0, held
+        await store.called(0)
+        call, first_rounds = 1, []
+        for cut in (10, 20, 30, 5):
+            hashes = doc[:cut] + chain(64 - cut, b"tail-%d" % cut)
+            task = asyncio.ensure_future(coord.lookup(1024, hashes))
+            opened = len(store.calls)
+            call = await store.open_until(task, call)
+            assert await task == cut * 16
+            first_rounds.append(len(store.calls[opened]))
+        # cut 10: no run yet; 20: the run (10 rows) never grew; 30: it grew (to 20 rows);
+        # 5: the request leaves the run at chunk 5
+        assert first_rounds[1] == 1 and first_rounds[2] > 1 and first_rounds[3] == 1
+        await store.open(0)
+        assert await busy == 0
+
+
 async def test_a_follower_waits_across_walker_rounds_while_they_share_its_chunks() -> None:
     doc = chain(64, b"in-step")
     store = GatedStore(FULL16.plan(1024, doc).keys)

@@ -92,6 +92,11 @@ class _Run:
     """Raw hashes of the chunks known present, from the first chunk on."""
     until: npt.NDArray[np.float64]
     """Per row: until when every row up to it is known present (non-increasing)."""
+    miss: bytes | None = None
+    """The hash found absent right after the rows, by the lookup that stored them (None:
+    unknown). A hint for how to probe, never an answer: absent answers are not cached."""
+    grown: int = 0
+    """How often a lookup found present chunks right after the stored rows (and grew them)."""
 
 
 class KnownPrefixes:
@@ -158,27 +163,53 @@ class KnownPrefixes:
         until: float,
         max_rows: int,
         key: tuple[Hashable, bytes] | None = None,
+        miss: bytes | None = None,
     ) -> None:
         """Remember that ``rows`` (chunk hashes from a request's first) are present until
-        ``until`` (monotonic seconds). ``key`` as for :meth:`leading`."""
+        ``until`` (monotonic seconds). ``key`` as for :meth:`leading`; ``miss`` is the hash
+        found absent right after ``rows``, if any (see :meth:`likely_absent_after`)."""
         count = rows.shape[0]
         if not count:
             return
         if key is None:
             key = (signature, rows[0].tobytes())
         run = self._runs.pop(key, None)  # re-added last: the newest runs go last
+        grown = 0
         if run is not None:
             self._rows -= run.until.shape[0] + RUN_OVERHEAD_ROWS
+            stored = run.until.shape[0]
             common = common_rows(rows, run.rows)
             if common == count:  # a prefix of the stored run: keep it, refresh these rows
                 np.maximum(run.until[:count], until, out=run.until[:count])
+                if count == stored and miss is not None:
+                    run.miss = miss  # the latest miss after the same rows
                 self._store(key, run, max_rows)
                 return
             expiry = np.full(count, until)
             np.maximum(run.until[:common], until, out=expiry[:common])
+            grown = run.grown + (common == stored)  # (found more right after the run)
         else:
             expiry = np.full(count, until)
-        self._store(key, _Run(np.array(rows, dtype=np.uint8), expiry), max_rows)
+        self._store(key, _Run(np.array(rows, dtype=np.uint8), expiry, miss, grown), max_rows)
+
+    def likely_absent_after(
+        self, key: tuple[Hashable, bytes] | None, rows: npt.NDArray[np.uint8], count: int
+    ) -> bool:
+        """Whether a request's chunk ``count``, right after the ``count`` rows it shares with
+        the run at ``key`` (as :meth:`leading` found them), is likely absent: worth probing
+        alone before a wider window. Likely absent when the request differs from the run
+        there (its own continuation), when the run's miss was this very hash, and when
+        nothing better is known; likely present when the request goes on exactly like the run
+        (rows known present, though out of date) or the run has grown past its end before."""
+        run = None if key is None else self._runs.get(key)
+        if run is None or count >= rows.shape[0]:
+            return True
+        stored = run.rows.shape[0]
+        if count < stored:
+            return bool(rows[count].tobytes() != run.rows[count].tobytes())
+        if count > stored or run.miss == rows[count].tobytes():
+            return True
+        return not run.grown
 
     def _store(self, key: tuple[Hashable, bytes], run: _Run, max_rows: int) -> None:
         self._runs[key] = run

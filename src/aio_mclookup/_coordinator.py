@@ -73,8 +73,9 @@ class _Lookup:
     """Per key of the round: 0.0 absent, else until when it is known present (see _rpc;
     ``_PRESENT`` when the cache is off)."""
     waiting: int = 0
-    cached_prefix: bool = False
-    """The cache knew a prefix: the chunk after it was probed lately and was likely absent."""
+    likely_miss: bool = False
+    """A cache knew a prefix and the chunk after it is likely absent (see
+    :meth:`KnownPrefixes.likely_absent_after`): the first round probes that chunk alone."""
     prefix_rows: npt.NDArray[np.uint8] | None = None
     """A lone full-attention group's hash rows, when its known-present prefix is to be
     remembered in the coordinator's :class:`KnownPrefixes` once the lookup settles."""
@@ -408,7 +409,7 @@ class LookupCoordinator:
         while not lookup.done and not lookup.future.done():
             window = self.probe_window
             if window is not None and (self._rpc_tasks or self._queued):
-                if lookup.cached_prefix and not state.rounds:
+                if lookup.likely_miss and not state.rounds:
                     window = 1  # test the likely miss alone first
                 else:
                     window <<= min(state.rounds, 20)
@@ -449,12 +450,15 @@ class LookupCoordinator:
             and known > lookup.prefix_from_runs
             and lookup.valid_until > time.monotonic()
         ):
+            rows = lookup.prefix_rows
+            miss = rows[known].tobytes() if known < lookup.plan.groups[0].limit else None
             self._prefixes.add(
                 lookup.plan.layout.prefix_bytes[0],
-                lookup.prefix_rows[:known],
+                rows[:known],
                 lookup.valid_until,
                 self.cache_max_keys,
                 lookup.prompt,
+                miss,
             )
 
     def _subscribe(self, lookup: _Lookup, keys: Sequence[bytes]) -> bool:
@@ -561,6 +565,7 @@ class LookupCoordinator:
                 continue
             span = plan.key_span(probe)
             run = 0
+            likely_miss = True
             if prefix_mode and probe.hash_rows is not None:
                 signature = plan.layout.prefix_bytes[0]
                 prompt = KnownPrefixes.key_of(signature, probe.hash_rows)
@@ -572,6 +577,10 @@ class LookupCoordinator:
                 )
                 lookup.prefix_from_runs = chunks
                 run = chunks * k
+                if chunks:
+                    likely_miss = self._prefixes.likely_absent_after(
+                        prompt, probe.hash_rows, chunks
+                    )
             if cache and not run:  # (else the first round reads the key cache as it goes)
                 block = k
                 while run < len(span):
@@ -584,7 +593,7 @@ class LookupCoordinator:
                     block *= 8
             cached = run - run % k
             if cached:
-                lookup.cached_prefix = True
+                lookup.likely_miss = likely_miss
                 self._stats.cache_hits_total += cached
                 lookup.state.record_present(range(span.start, span.start + cached))
 
@@ -640,9 +649,12 @@ class LookupCoordinator:
             k = len(lookup.plan.layout.namespaces)
             offset = lookup.plan.groups[0].key_offset
             lookup.valid_until = min(lookup.valid_until, walker.valid_until)
-            lookup.cached_prefix = True  # (the chunk after a shared run is likely absent)
             self._stats.cache_hits_total += shared * k
             lookup.state.record_present(range(offset + start * k, offset + (start + shared) * k))
+            lookup.likely_miss = (
+                start + shared < walked  # it went its own way within the walker's chunks
+                or self._prefixes.likely_absent_after(lookup.prompt, rows, start + shared)
+            )
         return start + shared
 
     def _end_walk(self, walker: _Lookup) -> None:
