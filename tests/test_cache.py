@@ -7,7 +7,14 @@ import math
 
 import numpy as np
 
-from aio_mclookup._cache import RUN_OVERHEAD_ROWS, KnownPrefixes, PositiveCache
+from aio_mclookup._cache import (
+    LEAVES_RUN,
+    LIKELY_ABSENT,
+    LIKELY_PRESENT,
+    RUN_OVERHEAD_ROWS,
+    KnownPrefixes,
+    PositiveCache,
+)
 
 
 def test_keys_expire_at_their_expiry() -> None:
@@ -163,20 +170,20 @@ def test_known_prefixes_of_empty_hashes() -> None:
     assert known.leading(SIG, np.zeros((5, 0), dtype=np.uint8), now=0.0) == (3, 10.0)
 
 
-def test_known_prefixes_tell_whether_the_chunk_after_a_match_is_likely_absent() -> None:
+def test_known_prefixes_tell_what_the_chunk_after_a_match_likely_is() -> None:
     """A hint for the first probe after a known prefix: the chunk alone (likely absent) or a
     window (likely present). Answers never depend on it."""
     known = KnownPrefixes()
     rows = _rows(1, 2, 3)
     key = KnownPrefixes.key_of(SIG, rows)
-    assert known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # no run: nothing known
+    assert known.after(key, _rows(1, 2, 3, 4), 3) == LIKELY_ABSENT  # no run: nothing known
     known.add(SIG, rows, until=10.0, max_rows=1000, key=key, miss=(9).to_bytes(4, "little"))
-    assert known.likely_absent_after(key, _rows(1, 7, 3), 1)  # its own way: likely its own
-    assert not known.likely_absent_after(key, _rows(1, 2, 3), 1)  # as the run goes on
-    assert known.likely_absent_after(key, _rows(1, 2, 3, 9), 3)  # the run's very miss
-    assert known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # never grown: likely absent
-    assert known.likely_absent_after(key, _rows(1, 2, 3), 3)  # nothing after the request
-    assert known.likely_absent_after(None, _rows(1, 2, 3, 4), 3)
+    assert known.after(key, _rows(1, 7, 3), 1) == LEAVES_RUN  # its own continuation
+    assert known.after(key, _rows(1, 2, 3), 1) == LIKELY_PRESENT  # as the run goes on
+    assert known.after(key, _rows(1, 2, 3, 9), 3) == LIKELY_ABSENT  # the run's very miss
+    assert known.after(key, _rows(1, 2, 3, 4), 3) == LIKELY_ABSENT  # never grown
+    assert known.after(key, _rows(1, 2, 3), 3) == LIKELY_ABSENT  # nothing after the request
+    assert known.after(None, _rows(1, 2, 3, 4), 3) == LIKELY_ABSENT
 
 
 def test_known_prefixes_count_how_often_a_run_grew_past_its_end() -> None:
@@ -186,12 +193,12 @@ def test_known_prefixes_count_how_often_a_run_grew_past_its_end() -> None:
     key = KnownPrefixes.key_of(SIG, _rows(1))
     known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000, miss=(8).to_bytes(4, "little"))
     known.add(SIG, _rows(1, 2, 3), until=10.0, max_rows=1000, miss=(9).to_bytes(4, "little"))
-    assert not known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # grown once
-    assert known.likely_absent_after(key, _rows(1, 2, 3, 9), 3)  # the latest miss
+    assert known.after(key, _rows(1, 2, 3, 4), 3) == LIKELY_PRESENT  # grown once
+    assert known.after(key, _rows(1, 2, 3, 9), 3) == LIKELY_ABSENT  # the latest miss
     known.add(SIG, _rows(1, 2, 3), until=10.0, max_rows=1000, miss=(4).to_bytes(4, "little"))
-    assert known.likely_absent_after(key, _rows(1, 2, 3, 4), 3)  # the same rows' newer miss
-    assert not known.likely_absent_after(key, _rows(1, 2, 3, 9), 3)
+    assert known.after(key, _rows(1, 2, 3, 4), 3) == LIKELY_ABSENT  # the same rows' newer miss
+    assert known.after(key, _rows(1, 2, 3, 9), 3) == LIKELY_PRESENT
     known.add(SIG, _rows(1, 2, 5), until=10.0, max_rows=1000)  # diverges: not a growth
-    assert not known.likely_absent_after(key, _rows(1, 2, 5, 6), 3)  # (keeps the count)
+    assert known.after(key, _rows(1, 2, 5, 6), 3) == LIKELY_PRESENT  # (keeps the count)
     known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000, miss=(7).to_bytes(4, "little"))
-    assert not known.likely_absent_after(key, _rows(1, 2, 5, 6), 3)  # a prefix: no change
+    assert known.after(key, _rows(1, 2, 5, 6), 3) == LIKELY_PRESENT  # a prefix: no change

@@ -419,6 +419,27 @@ async def test_the_first_round_after_a_known_prefix_follows_the_likely_answer() 
         assert await busy == 0
 
 
+async def test_a_lookup_leaving_the_known_run_does_not_become_a_walker() -> None:
+    """Its next chunk is its own: nobody could follow it, so it probes without registering
+    as its prompt's walker; a lookup going on past the run's end does register."""
+    doc = chain(64, b"own-way")
+    store = GatedStore(FULL16.plan(1024, doc).keys)
+    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+        first = asyncio.ensure_future(coord.lookup(1024, doc[:40] + chain(24, b"t40")))
+        call = await store.open_until(first, 0)
+        assert await first == 640
+        leaving = asyncio.ensure_future(coord.lookup(1024, doc[:10] + chain(54, b"t10")))
+        await store.called(call)
+        assert not coord._walkers
+        call = await store.open_until(leaving, call)
+        assert await leaving == 160
+        going_on = asyncio.ensure_future(coord.lookup(1024, doc))
+        await store.called(call)
+        assert [w.plan.num_keys for w in coord._walkers.values()] == [64]
+        await store.open_until(going_on, call)
+        assert await going_on == 1024
+
+
 async def test_a_follower_waits_across_walker_rounds_while_they_share_its_chunks() -> None:
     doc = chain(64, b"in-step")
     store = GatedStore(FULL16.plan(1024, doc).keys)

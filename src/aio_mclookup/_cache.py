@@ -28,6 +28,8 @@ __all__ = ["KnownPrefixes", "PositiveCache", "common_rows"]
 _NEVER = math.inf
 RUN_OVERHEAD_ROWS = 8
 """What a run costs beyond its rows, in rows, against ``max_rows`` (small runs stay bounded)."""
+LIKELY_PRESENT, LIKELY_ABSENT, LEAVES_RUN = 0, 1, 2
+"""What :meth:`KnownPrefixes.after` says of the chunk after a known prefix."""
 
 
 class PositiveCache:
@@ -167,7 +169,7 @@ class KnownPrefixes:
     ) -> None:
         """Remember that ``rows`` (chunk hashes from a request's first) are present until
         ``until`` (monotonic seconds). ``key`` as for :meth:`leading`; ``miss`` is the hash
-        found absent right after ``rows``, if any (see :meth:`likely_absent_after`)."""
+        found absent right after ``rows``, if any (see :meth:`after`)."""
         count = rows.shape[0]
         if not count:
             return
@@ -192,24 +194,30 @@ class KnownPrefixes:
             expiry = np.full(count, until)
         self._store(key, _Run(np.array(rows, dtype=np.uint8), expiry, miss, grown), max_rows)
 
-    def likely_absent_after(
+    def after(
         self, key: tuple[Hashable, bytes] | None, rows: npt.NDArray[np.uint8], count: int
-    ) -> bool:
-        """Whether a request's chunk ``count``, right after the ``count`` rows it shares with
-        the run at ``key`` (as :meth:`leading` found them), is likely absent: worth probing
-        alone before a wider window. Likely absent when the request differs from the run
-        there (its own continuation), when the run's miss was this very hash, and when
-        nothing better is known; likely present when the request goes on exactly like the run
-        (rows known present, though out of date) or the run has grown past its end before."""
+    ) -> int:
+        """What is likely of a request's chunk ``count``, right after the ``count`` rows it
+        shares with the run at ``key`` (as :meth:`leading` found them): a hint for whether
+        the first probe after a known prefix is that chunk alone or a wider window.
+
+        * :data:`LEAVES_RUN`: the request differs from the run there (its own continuation,
+          which is likely absent);
+        * :data:`LIKELY_ABSENT`: it is the run's very miss, or nothing better is known;
+        * :data:`LIKELY_PRESENT`: the request goes on exactly like the run (rows known
+          present, though out of date), or the run has grown past its end before (requests
+          sharing a document up to different cuts)."""
         run = None if key is None else self._runs.get(key)
         if run is None or count >= rows.shape[0]:
-            return True
+            return LIKELY_ABSENT
         stored = run.rows.shape[0]
         if count < stored:
-            return bool(rows[count].tobytes() != run.rows[count].tobytes())
-        if count > stored or run.miss == rows[count].tobytes():
-            return True
-        return not run.grown
+            if rows[count].tobytes() != run.rows[count].tobytes():
+                return LEAVES_RUN
+            return LIKELY_PRESENT
+        if count > stored or run.miss == rows[count].tobytes() or not run.grown:
+            return LIKELY_ABSENT
+        return LIKELY_PRESENT
 
     def _store(self, key: tuple[Hashable, bytes], run: _Run, max_rows: int) -> None:
         self._runs[key] = run

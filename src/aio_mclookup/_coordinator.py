@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ._cache import KnownPrefixes, PositiveCache, common_rows
+from ._cache import LEAVES_RUN, LIKELY_PRESENT, KnownPrefixes, PositiveCache, common_rows
 from ._errors import (
     ClosedError,
     Error,
@@ -75,7 +75,10 @@ class _Lookup:
     waiting: int = 0
     likely_miss: bool = False
     """A cache knew a prefix and the chunk after it is likely absent (see
-    :meth:`KnownPrefixes.likely_absent_after`): the first round probes that chunk alone."""
+    :meth:`KnownPrefixes.after`): the first round probes that chunk alone."""
+    own_way: bool = False
+    """The request leaves the known run right after its known prefix: no walker can share
+    its next chunk, so it does not look for one (see :meth:`LookupCoordinator._follow`)."""
     prefix_rows: npt.NDArray[np.uint8] | None = None
     """A lone full-attention group's hash rows, when its known-present prefix is to be
     remembered in the coordinator's :class:`KnownPrefixes` once the lookup settles."""
@@ -330,7 +333,7 @@ class LookupCoordinator:
                 and not plan.probe_in_one_round
             ):
                 self._prefill_from_cache(lookup, prefix_mode)
-            if lookup.prefix_rows is None or not self._follow(lookup):
+            if lookup.prefix_rows is None or lookup.own_way or not self._follow(lookup):
                 self._next_round(lookup)
             return await lookup.future
         finally:
@@ -578,9 +581,9 @@ class LookupCoordinator:
                 lookup.prefix_from_runs = chunks
                 run = chunks * k
                 if chunks:
-                    likely_miss = self._prefixes.likely_absent_after(
-                        prompt, probe.hash_rows, chunks
-                    )
+                    after = self._prefixes.after(prompt, probe.hash_rows, chunks)
+                    likely_miss = after != LIKELY_PRESENT
+                    lookup.own_way = after == LEAVES_RUN
             if cache and not run:  # (else the first round reads the key cache as it goes)
                 block = k
                 while run < len(span):
@@ -653,7 +656,7 @@ class LookupCoordinator:
             lookup.state.record_present(range(offset + start * k, offset + (start + shared) * k))
             lookup.likely_miss = (
                 start + shared < walked  # it went its own way within the walker's chunks
-                or self._prefixes.likely_absent_after(lookup.prompt, rows, start + shared)
+                or self._prefixes.after(lookup.prompt, rows, start + shared) != LIKELY_PRESENT
             )
         return start + shared
 
