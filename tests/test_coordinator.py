@@ -221,6 +221,82 @@ async def test_cache_keeps_only_positive_answers() -> None:
         assert await coord.lookup(64, hashes) == 64
 
 
+class CallBackFakeStore(FakeStore):
+    """FakeStore that also offers the call-back form the coordinator prefers (as
+    MooncakeStore does): ``then`` gets the answers or the error a loop iteration later."""
+
+    def __init__(self, present: Sequence[bytes] = (), **kw: Any) -> None:
+        super().__init__(present, **kw)
+        self.closed = False
+        self.pending: set[asyncio.Task[None]] = set()
+
+    def _batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
+        if self.closed:
+            raise mcl.ClosedError("closed")
+
+        async def call() -> None:
+            try:
+                outcome: Any = await self.batch_is_exist(keys)
+            except mcl.Error as exc:
+                outcome = exc
+            asyncio.get_running_loop().call_soon(then, outcome)
+
+        task = asyncio.ensure_future(call())
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+
+async def test_a_call_back_store_needs_no_rpc_task_and_gives_the_same_hits() -> None:
+    doc = chain(64, b"call-back")
+    store = CallBackFakeStore(FULL16.plan(1024, doc).keys, delay=0.005)
+    requests = [doc[:cut] + chain(64 - cut, b"cb-%d" % cut) for cut in (0, 7, 30, 64)]
+    async with LookupCoordinator(FULL16, store) as coord:
+        runs = [asyncio.ensure_future(coord.lookup(1024, r)) for r in requests * 3]
+        await asyncio.sleep(0.001)
+        assert coord.stats().rpcs_in_flight >= 1 and not coord._rpc_tasks
+        hits = await asyncio.gather(*runs)
+        assert coord.stats().rpcs_in_flight == 0
+    assert hits == [expected(FULL16, store, 1024, r) for r in requests * 3]
+    assert hits[:4] == [0, 112, 480, 1024]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "absent"])
+async def test_a_call_back_store_failure_reaches_its_callers(on_error: Any) -> None:
+    store = CallBackFakeStore(HYBRID.plan(64, chain(8, b"cbf")).keys)
+    store.fail_with = -900
+    async with LookupCoordinator(HYBRID, store, on_error=on_error) as coord:
+        if on_error == "raise":
+            with pytest.raises(mcl.StoreError) as info:
+                await coord.lookup(64, chain(8, b"cbf"))
+            assert info.value.code == -900
+        else:
+            assert await coord.lookup(64, chain(8, b"cbf")) == 0
+        assert not coord.healthy  # failing fast now
+
+
+async def test_a_closed_call_back_store_fails_the_rpc_not_the_dispatcher() -> None:
+    store = CallBackFakeStore()
+    store.closed = True
+    async with LookupCoordinator(FULL16, store) as coord:
+        with pytest.raises(mcl.StoreError):
+            await coord.lookup(64, chain(4, b"closed"))
+        assert coord._dispatcher is not None and not coord._dispatcher.done()
+
+
+async def test_closing_with_call_back_rpcs_in_flight_ignores_their_late_answers() -> None:
+    store = CallBackFakeStore(delay=0.05)
+    coord = LookupCoordinator(FULL16, store)
+    async with coord:
+        pending = asyncio.ensure_future(coord.lookup(64, chain(4, b"late")))
+        await asyncio.sleep(0.01)
+        assert coord.stats().rpcs_in_flight == 1
+    with pytest.raises(mcl.ClosedError):
+        await pending
+    await asyncio.gather(*store.pending)  # the answer arrives after close: ignored
+    await asyncio.sleep(0)
+    assert coord.stats().rpcs_in_flight == 0
+
+
 async def test_known_prefixes_skip_a_shared_prefix_without_building_its_keys(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -203,6 +204,30 @@ async def test_client_exception_becomes_store_error(mooncake_store: MooncakeStor
         await mooncake_store.batch_is_exist("key")
 
 
+async def test_call_back_form_answers_like_batch_is_exist(
+    store_writer: StoreWriter, mooncake_store: MooncakeStore
+) -> None:
+    """The coordinator's form (no awaiting task): the same answers, errors as values, on the
+    loop's thread."""
+    present, absent = _keys(3, "cb-p"), _keys(2, "cb-a")
+    await store_writer.put_keys(present)
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[tuple[object, int]] = loop.create_future()
+
+    def then(outcome: object) -> None:
+        got.set_result((outcome, threading.get_ident()))
+
+    mooncake_store._batch_is_exist_then([k.encode() for k in present + absent], then)
+    outcome, thread = await asyncio.wait_for(got, 10)
+    assert outcome == [1, 1, 1, 0, 0]
+    assert thread == threading.get_ident()
+    failed: asyncio.Future[object] = loop.create_future()
+    mooncake_store._batch_is_exist_then([1, 2], failed.set_result)  # type: ignore[list-item]
+    error = await asyncio.wait_for(failed, 10)
+    assert isinstance(error, StoreError) and error.code is None
+    assert mooncake_store.in_flight == 0
+
+
 async def test_closed_store_raises_closed_error(local_master: LocalMaster) -> None:
     store = MooncakeStore(local_master.master_address, local_master.metadata_server, threads=2)
     with pytest.raises(ClosedError):  # before open: the wheel would segfault
@@ -215,6 +240,8 @@ async def test_closed_store_raises_closed_error(local_master: LocalMaster) -> No
         await store.batch_is_exist(["k"])
     with pytest.raises(ClosedError):
         await store.batch_is_exist([])
+    with pytest.raises(ClosedError):  # the coordinator's call-back form too
+        store._batch_is_exist_then(["k"], lambda outcome: None)
     assert store.health_check() == 1
     await store.aclose()  # idempotent
     with pytest.raises(ClosedError):

@@ -24,7 +24,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,6 +98,9 @@ class _Lookup:
     follow_until: int = 0
     """While following: the first chunk whose hash differs from the walker's."""
 
+
+_Submit = Callable[[tuple[bytes, ...], Callable[[list[int] | BaseException], None]], None]
+"""A store's call-back form of ``batch_is_exist`` (see :meth:`LookupCoordinator._send`)."""
 
 _Subscribers = int | list[int]
 """Who waits for one key's answer: one subscriber, or a list of them (the key is shared). A
@@ -210,6 +213,7 @@ class LookupCoordinator:
         self._admission_queue: collections.deque[object] = collections.deque()  # FIFO tickets
         self._pending_keys = 0
         self._rpc_tasks: set[asyncio.Task[None]] = set()
+        self._calls_in_flight = 0  # RPCs through a store that calls back (see _send)
         self._wake: asyncio.Event | None = None
         self._room: asyncio.Condition | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -411,7 +415,7 @@ class LookupCoordinator:
         state = lookup.state
         while not lookup.done and not lookup.future.done():
             window = self.probe_window
-            if window is not None and (self._rpc_tasks or self._queued):
+            if window is not None and (self._rpc_tasks or self._calls_in_flight or self._queued):
                 if lookup.likely_miss and not state.rounds:
                     window = 1  # test the likely miss alone first
                 else:
@@ -722,9 +726,10 @@ class LookupCoordinator:
         if self._failures and now < self._retry_at:
             self._fail_queued(now)
             return
-        slots = self.max_rpcs_in_flight - len(self._rpc_tasks)
+        busy = len(self._rpc_tasks) + self._calls_in_flight
+        slots = self.max_rpcs_in_flight - busy
         if self._failures:
-            slots = min(slots, 1) if not self._rpc_tasks else 0  # half-open: one probe RPC
+            slots = min(slots, 1) if not busy else 0  # half-open: one probe RPC
         if slots <= 0:
             return
         queued = self._queued
@@ -738,7 +743,11 @@ class LookupCoordinator:
         # Split evenly over the free slots, each RPC at most max_keys_per_rpc keys.
         count = min(slots, -(-len(keys) // self.max_keys_per_rpc))
         size = -(-len(keys) // count)
+        submit: _Submit | None = getattr(self.store, "_batch_is_exist_then", None)
         for start in range(0, len(keys), size):
+            if submit is not None:
+                self._send(submit, keys[start : start + size])
+                continue
             task = self._loop.create_task(self._rpc(keys[start : start + size]))
             self._rpc_tasks.add(task)
         self._stats.dispatches_total += 1
@@ -768,28 +777,18 @@ class LookupCoordinator:
     async def _rpc(self, keys: tuple[bytes, ...]) -> None:
         """One ``batch_is_exist`` call and the fan-out of its answers."""
         stats = self._stats
-        stats.rpcs_total += 1
-        stats.keys_sent_total += len(keys)
-        stats.keys_per_rpc.observe(len(keys))
-        sent_at = time.monotonic()
-        started = time.perf_counter()
-        present: list[float] | None = None
-        error: BaseException | None = None
+        sent_at, started = self._count_sent(keys)
+        outcome: Sequence[int] | BaseException
         try:
-            answers = await self.store.batch_is_exist(keys)
-            if len(answers) != len(keys):
-                raise StoreError(f"store answered {len(answers)} values for {len(keys)} keys")
-            # vLLM: only 1 is present. A present key is marked with until when that holds.
-            mark = _PRESENT if self.cache_ttl is None else sent_at + self.cache_ttl
-            present = [mark if answer == 1 else 0.0 for answer in answers]
+            outcome = await self.store.batch_is_exist(keys)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             cancelling = getattr(task, "cancelling", None)
             if cancelling is None or cancelling():
                 raise  # we are being cancelled (aclose): it settles every caller
-            error = StoreError(f"store call was cancelled: {exc!r}")  # the store's own doing
+            outcome = StoreError(f"store call was cancelled: {exc!r}")  # the store's own doing
         except Exception as exc:
-            error = exc
+            outcome = exc
         finally:
             stats.rpc_seconds.observe(time.perf_counter() - started)
             task = asyncio.current_task()
@@ -797,6 +796,55 @@ class LookupCoordinator:
                 self._rpc_tasks.discard(task)
             assert self._wake is not None
             self._wake.set()
+        self._settle_rpc(keys, sent_at, outcome)
+
+    def _count_sent(self, keys: tuple[bytes, ...]) -> tuple[float, float]:
+        """Count an RPC of ``keys`` as sent; when (monotonic: cache expiry counts from it) and
+        its start (``perf_counter``: its duration)."""
+        stats = self._stats
+        stats.rpcs_total += 1
+        stats.keys_sent_total += len(keys)
+        stats.keys_per_rpc.observe(len(keys))
+        return time.monotonic(), time.perf_counter()
+
+    def _send(self, submit: _Submit, keys: tuple[bytes, ...]) -> None:
+        """:meth:`_rpc` through a store that calls back instead of being awaited (see
+        :meth:`MooncakeStore._batch_is_exist_then`): the answers fan out as soon as the loop
+        picks them up, one loop iteration before an awaiting task would resume."""
+        stats = self._stats
+        sent_at, started = self._count_sent(keys)
+        self._calls_in_flight += 1
+
+        def answered(outcome: list[int] | BaseException) -> None:
+            self._calls_in_flight -= 1
+            if self._closed:
+                return  # close settled every caller
+            stats.rpc_seconds.observe(time.perf_counter() - started)
+            assert self._wake is not None
+            self._wake.set()
+            self._settle_rpc(keys, sent_at, outcome)
+
+        try:
+            submit(keys, answered)
+        except Exception as exc:  # (closed meanwhile): a failed RPC, answered at once
+            answered(exc)
+
+    def _settle_rpc(
+        self, keys: tuple[bytes, ...], sent_at: float, outcome: Sequence[int] | BaseException
+    ) -> None:
+        """An RPC sent at ``sent_at`` is over: fan its answers out (and cache them), or fail
+        its keys."""
+        error, present = None, None
+        if isinstance(outcome, BaseException):
+            error = outcome
+        elif len(outcome) != len(keys):
+            error = StoreError(f"store answered {len(outcome)} values for {len(keys)} keys")
+        else:  # vLLM: only 1 is present. A present key is marked with until when that holds.
+            mark = _PRESENT if self.cache_ttl is None else sent_at + self.cache_ttl
+            try:
+                present = [mark if answer == 1 else 0.0 for answer in outcome]
+            except Exception as exc:  # (answers that are not ints)
+                error = StoreError(f"store answered something other than ints: {exc!r}")
         in_flight = self._in_flight
         if error is not None or present is None:
             self._record_failure(error)
@@ -860,7 +908,7 @@ class LookupCoordinator:
         stats = self._stats
         stats.pending_lookups = len(self._lookups)
         stats.pending_keys = len(self._queued)
-        stats.rpcs_in_flight = len(self._rpc_tasks)
+        stats.rpcs_in_flight = len(self._rpc_tasks) + self._calls_in_flight
         stats.store_healthy = self.healthy
         stats.last_rpc_ok_age = (
             None if self._last_ok is None else time.monotonic() - self._last_ok

@@ -303,8 +303,9 @@ class _ClientThread:
             if self._inflight == 0:
                 self._cond.notify_all()
 
-    async def _call(self, fn: Callable[[], _T], state: str = _OPEN) -> _T:
-        """Run ``fn`` on the pool if the object is in ``state``; count it in flight."""
+    def _submit(self, fn: Callable[[], _T], state: str = _OPEN) -> concurrent.futures.Future[_T]:
+        """Submit ``fn`` to the pool if the object is in ``state``; count it in flight until
+        it is done. Raises :class:`ClosedError` otherwise."""
         with self._cond:
             if self._state != state:
                 raise ClosedError(f"{type(self).__name__} is {self._state}")
@@ -312,6 +313,11 @@ class _ClientThread:
             cf = self._pool.submit(fn)
             self._inflight += 1
         cf.add_done_callback(self._release)
+        return cf
+
+    async def _call(self, fn: Callable[[], _T], state: str = _OPEN) -> _T:
+        """Run ``fn`` on the pool if the object is in ``state``; count it in flight."""
+        cf = self._submit(fn, state)
         try:
             return await asyncio.wrap_future(cf)
         except Error:
@@ -463,6 +469,37 @@ class MooncakeStore(_ClientThread):
         result: list[int] = await self._call(lambda: client.batch_is_exist(batch))
         _raise_if_failed_rpc("batch_is_exist", result)
         return result
+
+
+    def _batch_is_exist_then(
+        self, keys: Sequence[str | bytes], then: Callable[[list[int] | BaseException], None]
+    ) -> None:
+        """:meth:`batch_is_exist` for the coordinator, without an awaiting task: ``then``
+        gets the answers (or the :class:`Error` it would raise) on this loop's thread, as
+        soon as the loop picks them up. Raises :class:`ClosedError` as it would."""
+        loop = asyncio.get_running_loop()
+        client = self._client_or_closed()
+        batch = list(keys)
+
+        def call() -> list[int]:
+            answers: list[int] = client.batch_is_exist(batch)
+            _raise_if_failed_rpc("batch_is_exist", answers)
+            return answers
+
+        def deliver(done: concurrent.futures.Future[list[int]]) -> None:  # (a pool thread)
+            outcome: list[int] | BaseException
+            if done.cancelled():
+                outcome = StoreError("Mooncake client call was cancelled")
+            elif (exc := done.exception()) is not None:
+                outcome = exc if isinstance(exc, Error) else StoreError(
+                    f"Mooncake client call failed: {exc!r}"
+                )
+            else:
+                outcome = done.result()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(then, outcome)
+
+        self._submit(call).add_done_callback(deliver)
 
 
 class StoreWriter(_ClientThread):
