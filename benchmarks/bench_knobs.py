@@ -1,5 +1,5 @@
 """How the coordinator's knobs move throughput, against a real master: the evidence behind
-the defaults (``max_rpcs_in_flight=4``, ``max_keys_per_rpc=1000``, ``probe_window=16``,
+the defaults (``max_rpcs_in_flight=2``, ``max_keys_per_rpc=1000``, ``probe_window=16``,
 ``linger=0``).
 
 Workloads from ``bench_coalesce``: chat (one full-attention group, 2,048 requests sharing 64
@@ -35,7 +35,7 @@ from aio_mclookup._workload import WorkloadSpec, preset_layout
 
 SECTION = "bench_knobs"
 DEFAULTS: dict[str, Any] = {
-    "max_rpcs_in_flight": 4,
+    "max_rpcs_in_flight": 2,
     "max_keys_per_rpc": 1000,
     "probe_window": 16,
     "linger": 0.0,

@@ -572,7 +572,9 @@ async def test_no_waiting_for_a_walker_round_of_several_rpcs() -> None:
     then probes by itself, and one RPC held back does not hold it up."""
     doc = chain(64, b"several")
     store = GatedStore(FULL16.plan(1024, doc).keys)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, max_keys_per_rpc=8) as coord:
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=5.0, max_keys_per_rpc=8, max_rpcs_in_flight=4
+    ) as coord:
         walker = asyncio.ensure_future(coord.lookup(1024, doc))  # idle: all 64 keys at once
         await store.called(3)  # calls 0-3: its first 32 keys (4 slots of 8), the rest queued
         short = asyncio.ensure_future(coord.lookup(64, doc[:1] + chain(3, b"short")))

@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-keys-per-rpc", type=int, default=1000, metavar="N", help="keys per RPC (1000)"
     )
     g.add_argument(
-        "--max-rpcs-in-flight", type=int, default=4, metavar="N", help="parallel RPCs (4)"
+        "--max-rpcs-in-flight", type=int, default=2, metavar="N", help="parallel RPCs (2)"
     )
     g.add_argument(
         "--cache-ttl",

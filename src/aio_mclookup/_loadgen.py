@@ -60,7 +60,7 @@ class LoadgenConfig:
     timeout: float | None = None
     threads: int = 4
     max_keys_per_rpc: int = 1000
-    max_rpcs_in_flight: int = 4
+    max_rpcs_in_flight: int = 2
     cache_ttl: float | None = 5.0
     rounds: bool = True
     linger: float = 0.0
