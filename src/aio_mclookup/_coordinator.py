@@ -215,6 +215,7 @@ class LookupCoordinator:
         self._pending_keys = 0
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._calls_in_flight = 0  # RPCs through a store that calls back (see _send)
+        self._submit: _Submit | None = getattr(store, "_batch_is_exist_then", None)
         self._wake: asyncio.Event | None = None
         self._room: asyncio.Condition | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -744,7 +745,7 @@ class LookupCoordinator:
         # Split evenly over the free slots, each RPC at most max_keys_per_rpc keys.
         count = min(slots, -(-len(keys) // self.max_keys_per_rpc))
         size = -(-len(keys) // count)
-        submit: _Submit | None = getattr(self.store, "_batch_is_exist_then", None)
+        submit = self._submit
         for start in range(0, len(keys), size):
             if submit is not None:
                 self._send(submit, keys[start : start + size])
