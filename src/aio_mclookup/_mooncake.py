@@ -320,10 +320,11 @@ class _ClientThread:
         cf = self._submit(fn, state)
         try:
             return await asyncio.wrap_future(cf)
-        except Error:
-            raise
         except Exception as exc:
-            raise StoreError(f"Mooncake client call failed: {exc!r}") from exc
+            error = _as_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     def _client_or_closed(self) -> Any:
         with self._cond:
@@ -360,6 +361,19 @@ class _ClientThread:
         finally:
             with self._cond:
                 self._state = _CLOSED
+
+
+def _exist(client: Any, batch: list[str | bytes]) -> list[int]:
+    """The client's ``batch_is_exist`` (on a pool thread), a failed RPC raised."""
+    answers: list[int] = client.batch_is_exist(batch)
+    _raise_if_failed_rpc("batch_is_exist", answers)
+    return answers
+
+
+def _as_error(exc: BaseException) -> BaseException:
+    """A client call's exception as this library's: an :class:`Error` as it is, anything
+    else (the wheel's own) as a :class:`StoreError` without a code."""
+    return exc if isinstance(exc, Error) else StoreError(f"Mooncake client call failed: {exc!r}")
 
 
 def _raise_if_failed_rpc(op: str, codes: Sequence[int]) -> None:
@@ -466,10 +480,7 @@ class MooncakeStore(_ClientThread):
         batch = list(keys)
         if not batch:
             return []
-        result: list[int] = await self._call(lambda: client.batch_is_exist(batch))
-        _raise_if_failed_rpc("batch_is_exist", result)
-        return result
-
+        return await self._call(functools.partial(_exist, client, batch))
 
     def _batch_is_exist_then(
         self, keys: Sequence[str | bytes], then: Callable[[list[int] | BaseException], None]
@@ -481,25 +492,18 @@ class MooncakeStore(_ClientThread):
         client = self._client_or_closed()
         batch = list(keys)
 
-        def call() -> list[int]:
-            answers: list[int] = client.batch_is_exist(batch)
-            _raise_if_failed_rpc("batch_is_exist", answers)
-            return answers
-
         def deliver(done: concurrent.futures.Future[list[int]]) -> None:  # (a pool thread)
             outcome: list[int] | BaseException
             if done.cancelled():
                 outcome = StoreError("Mooncake client call was cancelled")
             elif (exc := done.exception()) is not None:
-                outcome = exc if isinstance(exc, Error) else StoreError(
-                    f"Mooncake client call failed: {exc!r}"
-                )
+                outcome = _as_error(exc)
             else:
                 outcome = done.result()
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(then, outcome)
 
-        self._submit(call).add_done_callback(deliver)
+        self._submit(functools.partial(_exist, client, batch)).add_done_callback(deliver)
 
 
 class StoreWriter(_ClientThread):
