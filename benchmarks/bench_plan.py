@@ -48,7 +48,7 @@ else:  # run as a script
     import _timing  # type: ignore[no-redef,import-not-found]
 
 from aio_mclookup import KVLayout
-from aio_mclookup._reference import BaselineLookup
+from aio_mclookup._reference.v026 import BaselineLookup
 from aio_mclookup._workload import PRESETS
 
 SECTION = "bench_plan"

@@ -4,6 +4,6 @@ It lives in the package (``aio_mclookup._reference``) because the load generator
 ``--compare`` mode runs it too; this module is where the benchmarks import it from.
 """
 
-from aio_mclookup._reference import BaselineLookup
+from aio_mclookup._reference.v026 import BaselineLookup
 
 __all__ = ["BaselineLookup"]

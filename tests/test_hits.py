@@ -34,7 +34,7 @@ from aio_mclookup import (
     Mamba,
     SlidingWindow,
 )
-from aio_mclookup._reference import BaselineLookup
+from aio_mclookup._reference.v026 import BaselineLookup
 
 KINDS = ("full_attention", "sliding_window", "chunked_local", "mamba")
 ABSENT = (0, -1, -900, 2)  # with 1, what the store answers; only 1 means present

@@ -17,7 +17,7 @@ from aio_mclookup import (
     Mamba,
     SlidingWindow,
 )
-from aio_mclookup._reference import BaselineLookup
+from aio_mclookup._reference.v026 import BaselineLookup
 
 CASES_FILE = Path(__file__).resolve().parent / "data" / "conformance_public.jsonl"
 

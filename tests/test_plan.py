@@ -16,7 +16,7 @@ from aio_mclookup import (
     Mamba,
     SlidingWindow,
 )
-from aio_mclookup._reference import BaselineLookup
+from aio_mclookup._reference.v026 import BaselineLookup
 
 
 def _hashes(n: int) -> list[bytes]:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from aio_mclookup._reference import BaselineLookup  # noqa: E402
+from aio_mclookup._reference.v026 import BaselineLookup  # noqa: E402
 
 _CANDIDATES = [
     ROOT / "tests" / "data" / "conformance_public.jsonl",

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ClosedError",
     "Error",
+    "InternalError",
     "InvalidRequest",
     "LookupTimeout",
     "Overloaded",
@@ -17,7 +18,15 @@ class Error(Exception):
 
 
 class InvalidRequest(Error, ValueError):
-    """A request or layout is malformed; raised in the caller before it can join a batch."""
+    """A request or layout is malformed; raised in the caller before it can join a batch.
+
+    ``field`` names the offending input when one can be named (``"block_hashes"``,
+    ``"groups.1.sliding_window"``, ``"timeout"``), else ``None``.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class LookupTimeout(Error, TimeoutError):
@@ -42,3 +51,8 @@ class Overloaded(Error):
 
 class ClosedError(Error):
     """The coordinator or store is closed, or was closed while the call was pending."""
+
+
+class InternalError(Error, RuntimeError):
+    """A bug in aio_mclookup itself (never the store's or the caller's fault); the message
+    says where. Only the lookup it happened in fails."""

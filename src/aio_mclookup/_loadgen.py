@@ -411,7 +411,7 @@ async def _coordinator_run(
 
 def _naive_lookup(layout: KVLayout, raw: _RawClient, result: RunResult) -> Lookup:
     """vLLM 0.26's per-request lookup: build keys, one executor-hopped RPC, resolve."""
-    from ._reference import BaselineLookup
+    from ._reference.v026 import BaselineLookup
 
     baseline = BaselineLookup(layout.to_dict())
     client = raw.client
