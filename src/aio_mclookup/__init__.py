@@ -11,10 +11,10 @@ import contextlib
 from ._coordinator import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
 from ._layout import ChunkedLocalAttention, FullAttention, GroupSpec, KVLayout, Mamba, SlidingWindow
-from ._metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
+from ._observe.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
 from ._mooncake import LocalMaster, MooncakeStore, StoreWriter
 from ._plan import HashInput, LookupPlan
-from ._stats import CoordinatorStats, Histogram
+from ._observe.stats import CoordinatorStats, Histogram
 from ._store import FakeStore, Store
 
 __all__ = [

@@ -42,7 +42,7 @@ from ._errors import (
 )
 from ._layout import FullAttention, KVLayout
 from ._plan import HashInput, KeyIndices, LookupPlan, ProbeState
-from ._stats import CoordinatorStats
+from ._observe.stats import CoordinatorStats
 from ._store import Store
 
 __all__ = ["LookupCoordinator"]

@@ -34,7 +34,7 @@ from starlette.types import Message
 from ._coordinator import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
 from ._layout import KVLayout
-from ._metrics import PROMETHEUS_CONTENT_TYPE, check_namespace, metric_family, prometheus_text
+from ._observe.prometheus import PROMETHEUS_CONTENT_TYPE, check_namespace, metric_family, prometheus_text
 from ._plan import HashInput
 from ._store import FakeStore, Store
 

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 
-from ._stats import CoordinatorStats, Histogram
+from .stats import CoordinatorStats, Histogram
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "prometheus_text"]
 

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from aio_mclookup import FakeStore, FullAttention, KVLayout, LookupCoordinator
-from aio_mclookup._metrics import PROMETHEUS_CONTENT_TYPE, prometheus_text
-from aio_mclookup._stats import CoordinatorStats
+from aio_mclookup._observe.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
+from aio_mclookup._observe.stats import CoordinatorStats
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -1,0 +1,2 @@
+"""Observe: live counters and frozen snapshots (``stats``) and their Prometheus exposition
+(``prometheus``)."""
