@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from aio_mclookup._cli import main
-from aio_mclookup._layout import KVLayout
+from aio_mclookup._layout.layout import KVLayout
 from aio_mclookup._loadgen import (
     COORDINATOR,
     NAIVE,

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import aio_mclookup as mcl
+from aio_mclookup._plan.probing import ProbeState
 
 CASES_FILE = Path(__file__).resolve().parent / "data" / "conformance_public.jsonl"
 CASES: list[dict[str, Any]] = [
@@ -97,7 +98,7 @@ def test_case_in_rounds(case: dict[str, Any]) -> None:
         pytest.skip("no answers")
     plan = mcl.KVLayout.from_dict(case["config"]).plan(case["token_len"], _hashes(case))
     present = np.array([a == 1 for a in case["exists"]], dtype=bool)
-    state = plan.probing()
+    state = ProbeState(plan)
     probed: set[int] = set()
     while True:
         idx = np.asarray(state.next_keys())  # as an array, whatever next_keys gives

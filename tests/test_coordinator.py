@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup import FakeStore, KVLayout, LookupCoordinator
-from aio_mclookup._plan import LookupPlan
+from aio_mclookup._plan.plan import LookupPlan
 from helpers import chain
 
 CASES = [

@@ -34,6 +34,7 @@ from aio_mclookup import (
     Mamba,
     SlidingWindow,
 )
+from aio_mclookup._plan.probing import ProbeState
 from aio_mclookup._reference.v026 import BaselineLookup
 
 KINDS = ("full_attention", "sliding_window", "chunked_local", "mamba")
@@ -174,7 +175,7 @@ def _short_list_with_eagle(cfg: dict[str, Any], token_len: int, hashes: Sequence
 def probe_in_rounds(plan: LookupPlan, answers: Sequence[int]) -> int:
     """Drive :class:`ProbeState` with answers looked up by key index."""
     present = np.array([a == 1 for a in answers], dtype=bool)
-    state = plan.probing()
+    state = ProbeState(plan)
     seen: set[int] = set()
     for _ in range(10_000):
         idx = state.next_keys()
@@ -446,7 +447,7 @@ def test_mamba_absorbs_full_eagle_drop() -> None:
 def test_merged_groups_need_every_member() -> None:
     """E1 shape with full attention: identical groups merge; a hole in one clips both."""
     layout = _layout([FullAttention(16), FullAttention(16)], 16, 16)
-    assert len(layout.spec_groups) == 1
+    assert len(layout._geometry.spec_groups) == 1
     assert _resolve(layout, 64, 4, [1, 1, 1, 1, 1, 0, 1, 1]) == 16
 
 

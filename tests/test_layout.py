@@ -17,6 +17,7 @@ from aio_mclookup import (
     Mamba,
     SlidingWindow,
 )
+from aio_mclookup._layout.namespaces import model_name
 from aio_mclookup._reference.v026 import BaselineLookup
 
 CASES_FILE = Path(__file__).resolve().parent / "data" / "conformance_public.jsonl"
@@ -349,7 +350,7 @@ def test_group_specs_to_dict() -> None:
 )
 def test_model_is_the_last_path_component(model: str, name: str) -> None:
     layout = KVLayout([FullAttention(16)], model=model, hash_block_size=16, scheduler_block_size=16)
-    assert layout.model_name == name
+    assert model_name(layout.model) == name
     assert _key(layout) == f"{name}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@deadbeef"
     assert layout.model == model  # kept as given
     assert BaselineLookup(layout.to_dict()).model_name == name
@@ -507,7 +508,7 @@ def test_spec_groups_merge_and_put_full_attention_first() -> None:
         hash_block_size=16,
         scheduler_block_size=16,
     )
-    assert [(type(sg.spec).__name__, sg.group_ids) for sg in layout.spec_groups] == [
+    assert [(type(sg.spec).__name__, sg.group_ids) for sg in layout._geometry.spec_groups] == [
         ("FullAttention", (2, 4)),
         ("SlidingWindow", (0, 3)),
         ("Mamba", (1,)),

@@ -16,6 +16,7 @@ from aio_mclookup import (
     Mamba,
     SlidingWindow,
 )
+from aio_mclookup._plan.probing import ProbeState
 from aio_mclookup._reference.v026 import BaselineLookup
 
 
@@ -85,7 +86,7 @@ def test_non_positive_token_len_gives_no_keys(token_len: int) -> None:
         plan = layout.plan(token_len, _hashes(64))
         assert plan.keys == []
         assert plan.resolve([]) == 0
-        state = plan.probing()
+        state = ProbeState(plan)
         assert len(state.next_keys()) == 0 and state.hit == 0
 
 
@@ -413,7 +414,7 @@ def test_malformed_answers_are_refused(make: Any, namespaces: int) -> None:
 
 def test_probing_counts_falsy_answers_absent() -> None:
     plan = _full16().plan(48, _hashes(3))
-    state = plan.probing()
+    state = ProbeState(plan)
     idx = state.next_keys()
     state.record(idx, [1, None, 1])
     assert state.hit == 16
@@ -430,13 +431,13 @@ def test_prefix_probing_accepts_answers_in_any_order(eagle: bool) -> None:
         if miss is not None:
             present[2 * miss + 1] = False
         want = plan.resolve(present.astype(int))
-        state = plan.probing()
+        state = ProbeState(plan)
         state.record(range(12, 20), present[12:20].tolist())  # a later run first
         state.record(np.array([4, 5]), present[4:6])
         while len(idx := state.next_keys(window=2)):
             state.record(idx, present[np.asarray(idx)].tolist())
         assert state.hit == want
-        in_order = plan.probing()
+        in_order = ProbeState(plan)
         while len(idx := in_order.next_keys(window=3)):
             assert isinstance(idx, range)
             in_order.record(idx, present[np.asarray(idx)].tolist())
@@ -449,7 +450,7 @@ def test_prefix_probing_scouts_bound_the_first_miss(namespaces: int) -> None:
     the first absent scout bounds the next window, which then stops short of it."""
     k = namespaces
     plan = _full16(tp_size=k, num_kv_heads=k).plan(16 * 100, _hashes(100))
-    state = plan.probing()
+    state = ProbeState(plan)
     idx = state.next_keys(window=8)
     chunks = sorted({i // k for i in np.asarray(idx).tolist()})
     assert chunks == [*range(8), 11, 15, 19, 23]  # the window, then quarter ends of [8, 24)
@@ -478,7 +479,7 @@ def test_prefix_probing_with_scouts_matches_resolve_on_random_answers() -> None:
         if rng.random() < 0.5:  # chat-like: a present prefix, then absent
             cut = rng.randrange(0, plan.num_keys + 1)
             present[:cut], present[cut:] = True, False
-        state = plan.probing()
+        state = ProbeState(plan)
         probed: set[int] = set()
         while len(idx := state.next_keys(window=rng.choice([1, 3, 8, 16, 40, None]))):
             got = np.asarray(idx).tolist()
@@ -508,7 +509,7 @@ def test_runs_of_keys_built_by_splitting_match_vllm(cache_prefix: str, separator
     """One namespace: runs of keys are hex-encoded with a separator found in no key prefix,
     prefixed and split; a prefix holding every candidate separator takes the other path."""
     layout = _full16(cache_prefix=cache_prefix)
-    assert layout.key_separators == (separator,)
+    assert layout._geometry.key_separators == (separator,)
     hashes = [b"%031d" % i + b"\x00" for i in range(300)]  # (the separator within hashes)
     want = [k.encode() for k in _ref_keys(layout, 16 * 300, hashes)]
     rows = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(300, -1)
@@ -558,25 +559,26 @@ def test_empty_hashes_read_from_a_list_make_keys(groups: list[Any], hashes: list
 
 def test_probe_target_cache_is_bounded_in_entries_and_bytes(monkeypatch: Any) -> None:
     """The per-layout cache of what each group probes drops its oldest entries."""
-    from aio_mclookup import _plan
+    from aio_mclookup._plan import targets as _plan
 
     layout = _dsv4()
     rows = np.zeros((4096, 32), dtype=np.uint8)
     monkeypatch.setattr(_plan, "_PROBE_CACHE_ENTRIES", 3)
     for tokens in range(256, 256 * 6, 256):
         layout.plan(tokens, rows[: tokens // 4])
-    assert [key[0] for key in layout.probe_cache] == [256 * 3, 256 * 4, 256 * 5]
-    entry = sum(t.nbytes for t in layout.probe_cache[(256 * 5, tuple(
+    cache = _plan._CACHES[layout._geometry]
+    assert [key[0] for key in cache.entries] == [256 * 3, 256 * 4, 256 * 5]
+    entry = sum(t.nbytes for t in cache.entries[(256 * 5, tuple(
         256 * 5 // g.block_size for g in layout.groups))])
     monkeypatch.setattr(_plan, "_PROBE_CACHE_BYTES", entry)  # room for that entry alone
     layout.plan(256 * 2, rows[: 256 * 2 // 4])  # a smaller one: the older ones make room
-    assert [key[0] for key in layout.probe_cache] == [256 * 2]
-    assert layout.probe_cache_bytes == sum(
-        sum(t.nbytes for t in targets) for targets in layout.probe_cache.values()
+    assert [key[0] for key in cache.entries] == [256 * 2]
+    assert cache.nbytes == sum(
+        sum(t.nbytes for t in targets) for targets in cache.entries.values()
     )
     monkeypatch.setattr(_plan, "_PROBE_CACHE_BYTES", 1)  # nothing fits: planned, not kept
     plan = layout.plan(256, rows[:64])
-    assert plan.num_keys and not layout.probe_cache and layout.probe_cache_bytes == 0
+    assert plan.num_keys and not cache.entries and cache.nbytes == 0
 
 
 # ------------------------------------------------------------------------------ resolve
@@ -723,7 +725,7 @@ def test_seed_regression_reads_only_masked_in_hashes() -> None:
     assert plan.resolve([1, 0, 0, 1, 0, 0]) == 32
     assert set(hashes.accessed) == {3, 7, 11}
     # nor does probing in rounds
-    state = plan.probing()
+    state = ProbeState(plan)
     while len(idx := state.next_keys()):
         state.record(idx, np.array([1, 0, 0, 1, 0, 0], dtype=bool)[idx])
     assert state.hit == 32

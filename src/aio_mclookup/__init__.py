@@ -10,11 +10,13 @@ import contextlib
 
 from ._coordinator import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
-from ._layout import ChunkedLocalAttention, FullAttention, GroupSpec, KVLayout, Mamba, SlidingWindow
-from ._observe.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
+from ._layout.groups import ChunkedLocalAttention, FullAttention, GroupSpec, Mamba, SlidingWindow
+from ._layout.layout import KVLayout
 from ._mooncake import LocalMaster, MooncakeStore, StoreWriter
-from ._plan import HashInput, LookupPlan
+from ._observe.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
 from ._observe.stats import CoordinatorStats, Histogram
+from ._plan.hashes import HashInput
+from ._plan.plan import LookupPlan
 from ._store import FakeStore, Store
 
 __all__ = [

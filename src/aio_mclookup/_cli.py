@@ -19,7 +19,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, NoReturn, TextIO, TypeVar
 
 from ._errors import InvalidRequest
-from ._layout import KVLayout
+from ._layout.layout import KVLayout
 from ._workload import PRESETS, WorkloadSpec, preset_layout
 
 __all__ = ["build_parser", "main"]

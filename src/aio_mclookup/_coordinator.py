@@ -31,6 +31,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from ._arrays import KeyIndices
 from ._cache import LEAVES_RUN, LIKELY_PRESENT, KnownPrefixes, PositiveCache, common_rows
 from ._errors import (
     ClosedError,
@@ -40,9 +41,12 @@ from ._errors import (
     Overloaded,
     StoreError,
 )
-from ._layout import FullAttention, KVLayout
-from ._plan import HashInput, KeyIndices, LookupPlan, ProbeState
+from ._layout.groups import FullAttention
+from ._layout.layout import KVLayout
 from ._observe.stats import CoordinatorStats
+from ._plan.hashes import HashInput
+from ._plan.plan import LookupPlan
+from ._plan.probing import ProbeState
 from ._store import Store
 
 __all__ = ["LookupCoordinator"]
@@ -322,7 +326,7 @@ class LookupCoordinator:
         if self._admission_queue or not self._has_room(plan.num_keys):  # else no coroutine
             await self._admit(plan.num_keys, deadline, limit)
         lookup = _Lookup(
-            plan, plan.probing(self.rounds), loop.create_future(), next(self._idents)
+            plan, ProbeState(plan, self.rounds), loop.create_future(), next(self._idents)
         )
         timer = None
         if deadline is not None:  # a timer, not wait_for: no extra task per lookup
@@ -462,7 +466,7 @@ class LookupCoordinator:
             rows = lookup.prefix_rows
             miss = rows[known].tobytes() if known < lookup.plan.groups[0].limit else None
             self._prefixes.add(
-                lookup.plan.layout.prefix_bytes[0],
+                lookup.plan.geometry.prefix_bytes[0],
                 rows[:known],
                 lookup.valid_until,
                 self.cache_max_keys,
@@ -566,17 +570,17 @@ class LookupCoordinator:
         cache = self._cache
         now = time.monotonic()
         cache.expire(now)
-        k = len(plan.layout.namespaces)
+        k = len(plan.geometry.namespaces)
         for probe in plan.groups:
             if not probe.chunks.size or not isinstance(
-                plan.layout.groups[probe.group_id], FullAttention
+                plan.geometry.groups[probe.group_id], FullAttention
             ):
                 continue
             span = plan.key_span(probe)
             run = 0
             likely_miss = True
             if prefix_mode and probe.hash_rows is not None:
-                signature = plan.layout.prefix_bytes[0]
+                signature = plan.geometry.prefix_bytes[0]
                 prompt = KnownPrefixes.key_of(signature, probe.hash_rows)
                 if self.cache_ttl is not None:  # remember its prefix once it settles
                     lookup.prefix_rows = probe.hash_rows
@@ -655,7 +659,7 @@ class LookupCoordinator:
             return start
         shared = common_rows(theirs[start:walked], rows[start:walked])
         if shared:
-            k = len(lookup.plan.layout.namespaces)
+            k = len(lookup.plan.geometry.namespaces)
             offset = lookup.plan.groups[0].key_offset
             lookup.valid_until = min(lookup.valid_until, walker.valid_until)
             self._stats.cache_hits_total += shared * k

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ._errors import Error, StoreError
-from ._layout import KVLayout
+from ._layout.layout import KVLayout
 from ._workload import Request, Workload, WorkloadSpec, build_workload, describe_layout
 
 __all__ = ["LoadgenConfig", "LoadgenReport", "RunResult", "run_loadgen"]

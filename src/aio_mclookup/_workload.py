@@ -28,7 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import InvalidRequest
-from ._layout import FullAttention, KVLayout, SlidingWindow
+from ._layout.groups import FullAttention, SlidingWindow
+from ._layout.layout import KVLayout
 
 __all__ = [
     "PRESETS",

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from ._errors import InvalidRequest
-from ._layout import (
+from .._arrays import BoolArray, IntArray
+from .._errors import InvalidRequest
+from .._layout.geometry import Geometry
+from .._layout.groups import (
     ChunkedLocalAttention,
     FullAttention,
-    KVLayout,
     Mamba,
     SlidingWindow,
     SpecGroup,
@@ -31,8 +31,6 @@ from ._layout import (
 
 __all__ = ["HitSearch", "longest_hit"]
 
-BoolArray = npt.NDArray[np.bool_]
-IntArray = npt.NDArray[np.int64]
 _NONE = np.zeros(0, dtype=np.int64)
 
 
@@ -201,7 +199,7 @@ class HitSearch:
 
 
 def longest_hit(
-    layout: KVLayout,
+    layout: Geometry,
     token_len: int,
     presence: Sequence[BoolArray],
     known: Sequence[BoolArray] | None = None,

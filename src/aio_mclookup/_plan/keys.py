@@ -1,0 +1,180 @@
+"""Key assembly: ``prefix@hex(hash)`` for some or all of a plan's keys, with numpy (many keys of
+one width) or bytes concatenation (a few keys, or mixed widths)."""
+
+from __future__ import annotations
+
+import binascii
+import functools
+
+import numpy as np
+import numpy.typing as npt
+
+from .._arrays import IntArray, KeyIndices
+from .._layout.geometry import Geometry
+from .probe import GroupProbe, hex_rows
+
+__all__ = ["assemble", "assemble_range", "build_key_array", "ints", "one_key"]
+
+_FEW_KEYS = 48  # fewer keys than this are built by concatenation: faster than the array path
+_SPLIT_KEYS = 96  # likewise, where one split builds them (one namespace; see _concatenate)
+
+
+def build_key_array(
+    geometry: Geometry, groups: tuple[GroupProbe, ...], num_keys: int
+) -> npt.NDArray[np.bytes_] | None:
+    """``prefix@hex`` rows of every group in one buffer (None: widths differ)."""
+    probes = [p for p in groups if p.chunks.size]
+    widths = set()
+    for probe in probes:
+        prefix_rows = geometry.prefix_rows[probe.group_id]
+        if prefix_rows is None or probe.hash_rows is None:
+            return None
+        widths.add(prefix_rows.shape[1] + 2 * probe.hash_rows.shape[1])
+    if len(widths) != 1:
+        return None
+    width = widths.pop()
+    buf = np.empty((num_keys, width), dtype=np.uint8)
+    for probe in probes:
+        prefix_rows = geometry.prefix_rows[probe.group_id]
+        assert prefix_rows is not None and probe.hex_rows is not None
+        k = prefix_rows.shape[0]
+        n = probe.hex_rows.shape[0]
+        part = buf[probe.key_offset : probe.key_offset + n * k].reshape(n, k, width)
+        _glue(part, prefix_rows, probe.hex_rows[:, None, :])
+    array: npt.NDArray[np.bytes_] = buf.view(f"S{width}").ravel()
+    return array
+
+
+def assemble(geometry: Geometry, probe: GroupProbe, local: IntArray | None) -> list[bytes]:
+    """``prefix@hex`` for a group's keys (all, or the group-local key indices given),
+    hex-encoding only the hashes they need."""
+    k = len(geometry.namespaces)
+    if local is None:
+        return assemble_range(geometry, probe, 0, probe.chunks.size * k)
+    prefix_rows = geometry.prefix_rows[probe.group_id]
+    if prefix_rows is None or probe.hash_rows is None or local.size < _few(geometry, probe):
+        return concatenate(geometry, probe, local)
+    hexed = probe.hex_at(local // k)
+    plen = prefix_rows.shape[1]
+    width = plen + hexed.shape[1]
+    flat = np.empty((local.size, width), dtype=np.uint8)
+    _glue(flat, prefix_rows if k == 1 else prefix_rows[local % k], hexed)
+    keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
+    return keys
+
+
+def assemble_range(geometry: Geometry, probe: GroupProbe, lo: int, hi: int) -> list[bytes]:
+    """A group's keys ``lo`` to ``hi`` (group-local key indices), from slices of its
+    hashes."""
+    prefix_rows = geometry.prefix_rows[probe.group_id]
+    if prefix_rows is None or probe.hash_rows is None or hi - lo < _few(geometry, probe):
+        return concatenate(geometry, probe, range(lo, hi))
+    k, plen = prefix_rows.shape
+    first, last = lo // k, (hi - 1) // k + 1
+    encoded = probe.hex_if_encoded
+    if encoded is not None:
+        hexed = encoded[first:last]
+    else:
+        hexed = hex_rows(probe.hash_rows[first:last])
+    n, width = last - first, plen + hexed.shape[1]
+    buf = np.empty((n, k, width), dtype=np.uint8)
+    _glue(buf, prefix_rows, hexed[:, None, :])
+    flat = buf.reshape(n * k, width)[lo - first * k : hi - first * k]
+    keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
+    return keys
+
+
+def _few(geometry: Geometry, probe: GroupProbe) -> int:
+    """Below this many keys, :meth:`_concatenate` beats the array path."""
+    return _SPLIT_KEYS if geometry.key_separators[probe.group_id] else _FEW_KEYS
+
+
+def one_key(geometry: Geometry, probe: GroupProbe, local: int) -> bytes:
+    """The key at one group-local key index."""
+    prefixes = geometry.prefix_bytes[probe.group_id]
+    k = len(prefixes)
+    raw = probe.hash_rows
+    if raw is None:
+        return prefixes[local % k] + probe.hex_items[local // k]
+    row: bytes = raw[local // k].tobytes()
+    return prefixes[local % k] + row.hex().encode()
+
+
+def concatenate(geometry: Geometry, probe: GroupProbe, local: range | IntArray) -> list[bytes]:
+    """``prefix@hex`` by bytes concatenation (group-local key indices, ascending): for a
+    few keys, prefixes of different widths, or hashes of different widths.
+
+    One C call hex-encodes the hashes. With one namespace it puts a separator (a byte in
+    no prefix) between them; replacing each separator by itself plus the prefix and then
+    splitting there makes every key in C, one object each. Otherwise each key is the
+    prefix plus a slice of the hex."""
+    prefixes = geometry.prefix_bytes[probe.group_id]
+    k = len(prefixes)
+    raw = probe.hash_rows
+    if raw is None:
+        items = probe.hex_items
+        return [prefixes[i % k] + items[i // k] for i in ints(local)]
+    if len(local) == 1:
+        return [one_key(geometry, probe, int(local[0]))]
+    if not len(local):
+        return []
+    w = 2 * raw.shape[1]
+    if not w:  # empty hashes: the key is its prefix
+        return [prefixes[i % k] for i in ints(local)]
+    if isinstance(local, range):
+        first = local.start // k
+        rows: slice | IntArray = slice(first, (local.stop - 1) // k + 1)
+    else:
+        first = 0
+        rows = local // k if k > 1 else local
+    encoded = probe.hex_if_encoded
+    sep = geometry.key_separators[probe.group_id]
+    if sep is not None and encoded is None:  # (one namespace)
+        prefix = prefixes[0]
+        hexed = binascii.hexlify(raw[rows].data, sep, raw.shape[1])  # (C-contiguous rows)
+        return (prefix + hexed.replace(sep, sep + prefix)).split(sep)
+    if encoded is not None:
+        text = encoded[rows].tobytes()
+    else:
+        text = binascii.hexlify(raw[rows].data)  # (C-contiguous rows, as above)
+    if k == 1:  # one key per row of text
+        prefix = prefixes[0]
+        return [prefix + text[j : j + w] for j in range(0, len(text), w)]
+    if isinstance(local, range):
+        return [
+            prefixes[i % k] + text[(i // k - first) * w : (i // k - first + 1) * w]
+            for i in local
+        ]
+    return [
+        prefixes[i % k] + text[j * w : (j + 1) * w] for j, i in enumerate(local.tolist())
+    ]
+
+
+def ints(indices: KeyIndices) -> range | list[int]:
+    """Key indices as Python ints (a range stays a range)."""
+    return indices if isinstance(indices, range) else indices.tolist()
+
+
+def _glue(
+    out: npt.NDArray[np.uint8], prefixes: npt.NDArray[np.uint8], hexed: npt.NDArray[np.uint8]
+) -> None:
+    """``out[..., :plen] = prefixes`` and ``out[..., plen:] = hexed`` (broadcast), each prefix
+    and each hex copied as one void item: numpy then moves whole byte strings (a memcpy
+    each) instead of running a byte-wide loop per row: about 15 % faster on large plans."""
+    plen, width = prefixes.shape[-1], out.shape[-1]
+    if plen in (0, width):  # nothing to split into two fields
+        out[..., :plen] = prefixes
+        out[..., plen:] = hexed
+        return
+    records = out.view(_key_fields(plen, width))[..., 0]
+    records["p"] = prefixes.view(f"V{plen}")[..., 0]
+    records["h"] = hexed.view(f"V{width - plen}")[..., 0]
+
+
+@functools.lru_cache(maxsize=64)
+def _key_fields(plen: int, width: int) -> np.dtype[np.void]:
+    """A key row as two void fields: the prefix, then the hex."""
+    return np.dtype(
+        {"names": ["p", "h"], "formats": [f"V{plen}", f"V{width - plen}"],
+         "offsets": [0, plen], "itemsize": width}
+    )

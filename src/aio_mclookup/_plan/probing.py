@@ -1,0 +1,247 @@
+"""Probing in rounds: which of a plan's keys can still change its answer, given the answers so
+far (:class:`ProbeState`, pure: no I/O, no clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .._arrays import EMPTY, BoolArray, IntArray, KeyIndices
+from .._resolve.answers import first_false
+from .._resolve.hits import longest_hit
+from .._resolve.presence import merge
+from .plan import LookupPlan
+
+__all__ = ["SCOUT_WINDOW", "ProbeState"]
+
+SCOUT_WINDOW = 8
+"""Prefix-mode rounds probing at least this many chunks also send scouts (see ProbeState)."""
+
+
+class ProbeState:
+    """Probe a plan in rounds, sending only keys that can change the answer.
+
+    :meth:`next_keys` runs vLLM's hit search on what is known so far, counting unknown chunks
+    as present; the unknown chunks that answer rests on are probed next. Every hit rule is
+    monotone, so once no answer rests on an unknown chunk the hit is exactly the one vLLM
+    computes from all keys. Plans whose chunks share hashes are probed in one round, except a
+    lone full-attention group (see :attr:`LookupPlan.probe_in_one_round`).
+
+    A lone full-attention group (the common chat model) needs no search: its answer rests on
+    the chunks after the known-present prefix, up to the first miss (*prefix mode*: two
+    integers, the prefix and a bound). Each round probes a window of chunks after the prefix;
+    a window of :data:`SCOUT_WINDOW` chunks or more also probes four *scouts*, the last chunk
+    of each quarter of the next, twice as wide window. An absent scout bounds the first miss,
+    so the next window stops there instead of running far past it (those keys would be
+    wasted); a present scout is answered again from the coordinator's cache.
+    """
+
+    __slots__ = (
+        "_all_at_once", "_answered", "_bound", "_prefix", "_present", "_scouted",
+        "_scouted_run", "hit", "plan", "rounds",
+    )
+
+    def __init__(self, plan: LookupPlan, rounds: bool = True) -> None:
+        self.plan = plan
+        self._all_at_once = not rounds or plan.probe_in_one_round
+        self.hit: int | None = None
+        self.rounds = 0
+        self._prefix: int | None = None
+        """Prefix mode: how many chunks from 0 are known present (None: the general search)."""
+        self._bound = plan.groups[0].limit if plan.groups else 0
+        """Prefix mode: the first chunk known absent (else the chunk count)."""
+        self._scouted: IntArray | None = None
+        """Prefix mode: the last key indices with scouts handed out, whose first
+        ``_scouted_run`` are the window (so that :meth:`record` need not look for the end)."""
+        self._scouted_run = 0
+        self._answered: tuple[BoolArray, ...] = ()  # per group (tuples: no GC tracking)
+        self._present: tuple[BoolArray, ...] = ()
+        if plan.single_full_attention and not self._all_at_once:
+            self._prefix = 0
+        else:
+            self._answered = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
+            self._present = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
+
+    @property
+    def known_prefix(self) -> int | None:
+        """How many chunks from the first are known present (their keys answered present),
+        or None outside the lone full-attention case (prefix mode)."""
+        return self._prefix
+
+    def next_keys(self, window: int | None = None) -> KeyIndices:
+        """Key indices to probe next (ascending); empty once :attr:`hit` is set.
+
+        ``window`` caps how many of the unknown chunks each spec-group's answer rests on are
+        probed this round (the lowest first): fewer keys per round, more rounds.
+        """
+        plan = self.plan
+        if self.hit is not None:
+            return EMPTY
+        if not plan.num_keys:  # vLLM answers 0 without an RPC
+            self.hit = 0
+            return EMPTY
+        self.rounds += 1
+        if self.rounds == 1 and self._all_at_once:
+            return range(plan.num_keys)
+        if self._prefix is not None:
+            return self._next_prefix_keys(window)
+        maybe: list[BoolArray] = []
+        known: list[BoolArray] = []
+        for probe, answered, present in zip(plan.groups, self._answered, self._present):
+            optimistic = present | ~answered
+            if probe.dense:
+                maybe.append(optimistic)
+                known.append(answered)
+            else:
+                m = np.zeros(probe.limit, dtype=bool)
+                m[probe.chunks] = optimistic
+                kn = np.ones(probe.limit, dtype=bool)
+                kn[probe.chunks] = answered
+                maybe.append(m)
+                known.append(kn)
+        search = longest_hit(
+            plan.geometry, plan.token_len, merge(plan.geometry, maybe), merge(plan.geometry, known)
+        )
+        if search.exact:
+            self.hit = search.hit
+            return EMPTY
+        k = len(plan.geometry.namespaces)
+        wanted: list[IntArray] = []
+        for sg, chunks in zip(plan.geometry.spec_groups, search.depends):
+            if not chunks.size:
+                continue
+            if window is not None:
+                chunks = chunks[:window]
+            for gid in sg.group_ids:
+                probe = plan.groups[gid]
+                pos = chunks if probe.dense else np.searchsorted(probe.chunks, chunks)
+                if k == 1:
+                    wanted.append(probe.key_offset + pos)
+                else:
+                    wanted.append(
+                        probe.key_offset + (pos[:, None] * k + np.arange(k)[None, :]).ravel()
+                    )
+        # Groups own disjoint key ranges and positions are unique: sorting is enough.
+        return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
+
+    def _next_prefix_keys(self, window: int | None) -> KeyIndices:
+        """Prefix mode: the chunks after the known-present prefix (at most ``window``, and
+        never the known-absent bound), then scouts (see the class docstring)."""
+        assert self._prefix is not None
+        probe = self.plan.groups[0]
+        start, bound = self._prefix, self._bound
+        if start >= bound:  # every chunk is present, or the next one is known absent
+            self.hit = self.plan.prefix_hit(start)
+            return EMPTY
+        stop = bound if window is None else min(bound, start + window)
+        k = len(self.plan.geometry.namespaces)
+        offset = probe.key_offset
+        chunks = range(offset + start * k, offset + stop * k)
+        if window is None or window < SCOUT_WINDOW or stop >= bound:
+            return chunks
+        quarter = window // 2  # of the next window, twice as wide
+        keys = list(chunks)
+        for chunk in range(stop + quarter - 1, min(bound, stop + 4 * quarter), quarter):
+            keys.extend(range(offset + chunk * k, offset + (chunk + 1) * k))
+        self._scouted = np.array(keys, dtype=np.int64)
+        self._scouted_run = len(chunks)
+        return self._scouted
+
+    def record(self, key_indices: KeyIndices, present: Sequence[object] | BoolArray) -> None:
+        """Record answers (truthy = present) for ascending key indices that cover whole chunks
+        (all namespaces), e.g. from :meth:`next_keys`."""
+        count = len(key_indices)
+        if self.hit is not None:
+            return
+        k = len(self.plan.geometry.namespaces)
+        if self.rounds == 1 and count == self.plan.num_keys:  # every key at once
+            self.hit = self.plan.resolve_present(np.asarray(present, dtype=bool))
+            if self._prefix is not None:  # (a repeated hash may count more: vLLM's hit does)
+                miss = first_false(present)
+                self._prefix = (count if miss is None else miss) // k
+            return
+        if not count:
+            return
+        if self._prefix is not None:
+            offset = self.plan.groups[0].key_offset
+            first = int(key_indices[0]) - offset
+            if first == self._prefix * k:
+                if key_indices is self._scouted:  # our own window and scouts
+                    filled = self._scouted_run
+                else:
+                    filled = _contiguous_run(key_indices)
+                miss = first_false(present, filled)
+                if miss is not None:
+                    self._prefix += miss // k
+                    self.hit = self.plan.prefix_hit(self._prefix)
+                    return
+                self._prefix += filled // k
+                if filled < count:  # scouts: the first absent one bounds the first miss
+                    self._note_scouts(key_indices[filled:], present[filled:], offset, k)
+                return
+            self._leave_prefix_mode()
+        indices = np.asarray(key_indices, dtype=np.int64)
+        answers = np.asarray(present, dtype=bool)
+        single = len(self.plan.groups) == 1
+        for probe, answered, chunk_present in zip(self.plan.groups, self._answered, self._present):
+            if single:
+                lo, hi = 0, count
+            else:
+                lo = int(np.searchsorted(indices, probe.key_offset))
+                hi = int(np.searchsorted(indices, probe.key_offset + probe.chunks.size * k))
+            if hi <= lo:
+                continue
+            local = indices[lo:hi] - probe.key_offset
+            pos = local[::k] // k
+            got = answers[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else answers[lo:hi]
+            answered[pos] = True
+            chunk_present[pos] = got
+
+    def record_present(self, key_indices: range) -> None:
+        """Record that a run of keys covering whole chunks is present (known from a cache)."""
+        prefix, count = self._prefix, len(key_indices)
+        k = len(self.plan.geometry.namespaces)
+        if (
+            prefix is not None
+            and self.hit is None
+            and count
+            and not (self.rounds == 1 and count == self.plan.num_keys)
+            and key_indices.start - self.plan.groups[0].key_offset == prefix * k
+        ):
+            self._prefix = prefix + count // k  # what record() does here, without the scan
+            return
+        self.record(key_indices, np.ones(count, dtype=bool))
+
+    def _note_scouts(
+        self,
+        key_indices: KeyIndices,
+        present: Sequence[object] | BoolArray,
+        offset: int,
+        k: int,
+    ) -> None:
+        """Prefix mode: lower the bound to the first chunk a scout found absent."""
+        miss = first_false(present)
+        if miss is not None:
+            self._bound = min(self._bound, (int(key_indices[miss]) - offset) // k)
+
+    def _leave_prefix_mode(self) -> None:
+        """Answers arrived out of order: keep them in per-chunk arrays from now on."""
+        assert self._prefix is not None
+        size = self.plan.groups[0].chunks.size
+        answered = np.zeros(size, dtype=bool)
+        answered[: self._prefix] = True
+        present = answered.copy()
+        if self._bound < size:  # known absent
+            answered[self._bound] = True
+        self._answered = (answered,)
+        self._present = (present,)
+        self._prefix = None
+
+
+def _contiguous_run(indices: KeyIndices) -> int:
+    """How many of the ascending ``indices``, from the first, are consecutive."""
+    if isinstance(indices, range) or int(indices[-1]) - int(indices[0]) == len(indices) - 1:
+        return len(indices)
+    steps = np.diff(indices) != 1
+    return int(steps.argmax()) + 1
