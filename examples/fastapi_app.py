@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from aio_mclookup import KVLayout
-from aio_mclookup._mooncake import LocalMaster
+from aio_mclookup import LocalMaster
 from aio_mclookup.fastapi import coordinator_lifespan, create_router
 
 log = logging.getLogger("uvicorn.error")  # shown by uvicorn with its own lines

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from aio_mclookup._mooncake import LocalMaster, MooncakeStore, StoreWriter
+from aio_mclookup import LocalMaster, MooncakeStore, StoreWriter
 
 try:
     import uvloop

@@ -31,7 +31,7 @@ from aio_mclookup._loadgen import (
     _compare_hits,
     format_summary,
 )
-from aio_mclookup._mooncake import LocalMaster
+from aio_mclookup._local.master import LocalMaster
 from aio_mclookup._workload import PRESETS, WorkloadSpec, build_workload, preset_layout
 
 ROOT = Path(__file__).resolve().parents[1]

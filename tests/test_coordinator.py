@@ -230,7 +230,7 @@ class CallBackFakeStore(FakeStore):
         self.closed = False
         self.pending: set[asyncio.Task[None]] = set()
 
-    def _batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
+    def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
         if self.closed:
             raise mcl.ClosedError("closed")
 

@@ -20,9 +20,8 @@ from typing import TypeVar
 
 import pytest
 
+from aio_mclookup import CallbackStore, LocalMaster, MooncakeStore, Store, StoreWriter
 from aio_mclookup._errors import ClosedError, InvalidRequest, StoreError
-from aio_mclookup._mooncake import LocalMaster, MooncakeStore, StoreWriter
-from aio_mclookup._store import Store
 
 pytest.importorskip("mooncake.store", reason="needs mooncake-transfer-engine-non-cuda")
 
@@ -123,7 +122,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from aio_mclookup._mooncake import LocalMaster
+        from aio_mclookup import LocalMaster
         m = LocalMaster(startup_timeout=30)
         m.start_blocking()
         print(m.pid, m.metadata_pid, m.log_dir, flush=True)
@@ -160,6 +159,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
 
 async def test_store_satisfies_protocol(mooncake_store: MooncakeStore) -> None:
     assert isinstance(mooncake_store, Store)
+    assert isinstance(mooncake_store, CallbackStore)  # the coordinator's call-back path
     assert mooncake_store.max_concurrency == 4
     assert mooncake_store.health_check() == 0
 
@@ -217,12 +217,12 @@ async def test_call_back_form_answers_like_batch_is_exist(
     def then(outcome: object) -> None:
         got.set_result((outcome, threading.get_ident()))
 
-    mooncake_store._batch_is_exist_then([k.encode() for k in present + absent], then)
+    mooncake_store.batch_is_exist_then([k.encode() for k in present + absent], then)
     outcome, thread = await asyncio.wait_for(got, 10)
     assert outcome == [1, 1, 1, 0, 0]
     assert thread == threading.get_ident()
     failed: asyncio.Future[object] = loop.create_future()
-    mooncake_store._batch_is_exist_then([1, 2], failed.set_result)  # type: ignore[list-item]
+    mooncake_store.batch_is_exist_then([1, 2], failed.set_result)  # type: ignore[list-item]
     error = await asyncio.wait_for(failed, 10)
     assert isinstance(error, StoreError) and error.code is None
     assert mooncake_store.in_flight == 0
@@ -241,7 +241,7 @@ async def test_closed_store_raises_closed_error(local_master: LocalMaster) -> No
     with pytest.raises(ClosedError):
         await store.batch_is_exist([])
     with pytest.raises(ClosedError):  # the coordinator's call-back form too
-        store._batch_is_exist_then(["k"], lambda outcome: None)
+        store.batch_is_exist_then(["k"], lambda outcome: None)
     assert store.health_check() == 1
     await store.aclose()  # idempotent
     with pytest.raises(ClosedError):

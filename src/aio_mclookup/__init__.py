@@ -12,15 +12,19 @@ from ._coordinator import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
 from ._layout.groups import ChunkedLocalAttention, FullAttention, GroupSpec, Mamba, SlidingWindow
 from ._layout.layout import KVLayout
-from ._mooncake import LocalMaster, MooncakeStore, StoreWriter
+from ._local.master import LocalMaster
+from ._local.writer import StoreWriter
 from ._observe.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
 from ._observe.stats import CoordinatorStats, Histogram
 from ._plan.hashes import HashInput
 from ._plan.plan import LookupPlan
-from ._store import FakeStore, Store
+from ._store.fake import FakeStore
+from ._store.mooncake import MooncakeStore
+from ._store.protocol import CallbackStore, Store
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
+    "CallbackStore",
     "ChunkedLocalAttention",
     "ClosedError",
     "CoordinatorStats",

@@ -47,7 +47,7 @@ from ._observe.stats import CoordinatorStats
 from ._plan.hashes import HashInput
 from ._plan.plan import LookupPlan
 from ._plan.probing import ProbeState
-from ._store import Store
+from ._store.protocol import CallbackStore, Store
 
 __all__ = ["LookupCoordinator"]
 
@@ -219,7 +219,9 @@ class LookupCoordinator:
         self._pending_keys = 0
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._calls_in_flight = 0  # RPCs through a store that calls back (see _send)
-        self._submit: _Submit | None = getattr(store, "_batch_is_exist_then", None)
+        self._submit: _Submit | None = (
+            store.batch_is_exist_then if isinstance(store, CallbackStore) else None
+        )
         self._wake: asyncio.Event | None = None
         self._room: asyncio.Condition | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -815,7 +817,7 @@ class LookupCoordinator:
 
     def _send(self, submit: _Submit, keys: tuple[bytes, ...]) -> None:
         """:meth:`_rpc` through a store that calls back instead of being awaited (see
-        :meth:`MooncakeStore._batch_is_exist_then`): the answers fan out as soon as the loop
+        :class:`CallbackStore`): the answers fan out as soon as the loop
         picks them up, one loop iteration before an awaiting task would resume."""
         stats = self._stats
         sent_at, started = self._count_sent(keys)

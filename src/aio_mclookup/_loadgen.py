@@ -28,6 +28,8 @@ import numpy as np
 
 from ._errors import Error, StoreError
 from ._layout.layout import KVLayout
+from ._store.codes import failed_rpc_code
+from ._store.pool import client_config
 from ._workload import Request, Workload, WorkloadSpec, build_workload, describe_layout
 
 __all__ = ["LoadgenConfig", "LoadgenReport", "RunResult", "run_loadgen"]
@@ -272,14 +274,7 @@ class _RawClient:
     ``await loop.run_in_executor(None, client.batch_is_exist, keys)``."""
 
     def __init__(self, master: str, metadata: str, local_hostname: str) -> None:
-        self.config = {
-            "local_hostname": local_hostname,
-            "metadata_server": metadata,
-            "master_server_addr": master,
-            "global_segment_size": 0,
-            "local_buffer_size": 0,
-            "protocol": "tcp",
-        }
+        self.config = client_config(master, metadata, local_hostname)
         self.client: Any = None
 
     def open_blocking(self) -> None:
@@ -425,9 +420,9 @@ def _naive_lookup(layout: KVLayout, raw: _RawClient, result: RunResult) -> Looku
         result.rpcs += 1
         result.keys_sent += len(keys)
         answers: list[int] = await loop.run_in_executor(None, client.batch_is_exist, keys)
-        first = answers[0] if answers else 0
-        if first < 0 and all(a == first for a in answers):
-            raise StoreError(f"batch_is_exist failed with code {first}", code=first)
+        code = failed_rpc_code(answers)
+        if code is not None:
+            raise StoreError(f"batch_is_exist failed with code {code}", code=code)
         return baseline.resolve(req.token_len, req.hash_list, meta, answers)
 
     return lookup
@@ -544,7 +539,7 @@ async def _run(
     progress: _Progress,
     err: TextIO,
 ) -> None:
-    from ._mooncake import LocalMaster
+    from ._local.master import LocalMaster
 
     t0 = time.perf_counter()
     workload = build_workload(cfg.layout, cfg.spec)
@@ -594,7 +589,7 @@ async def _fill(
     progress: _Progress,
     err: TextIO,
 ) -> None:
-    from ._mooncake import StoreWriter
+    from ._local.writer import StoreWriter
 
     t0 = time.perf_counter()
     keys = workload.store_keys()
@@ -636,7 +631,7 @@ async def _measure(
     progress: _Progress,
     err: TextIO,
 ) -> None:
-    from ._mooncake import MooncakeStore
+    from ._store.mooncake import MooncakeStore
 
     store = await stack.enter_async_context(
         MooncakeStore(address, metadata, threads=cfg.threads, local_hostname=cfg.local_hostname)

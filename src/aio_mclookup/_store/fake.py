@@ -1,32 +1,14 @@
-"""The store interface the coordinator talks to, and an in-process fake store for unit tests."""
+"""An in-process FAKE store for unit tests and examples: a set of present keys, no Mooncake."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Protocol, runtime_checkable
 
-from ._errors import StoreError
+from .._errors import StoreError
+from .protocol import Key, as_bytes
 
-__all__ = ["FakeStore", "Key", "Store"]
-
-Key = bytes | str
-"""A store key: ASCII bytes (what plans produce) or str; Mooncake takes both."""
-
-
-def _as_bytes(key: Key) -> bytes:
-    return key.encode() if isinstance(key, str) else bytes(key)
-
-
-@runtime_checkable
-class Store(Protocol):
-    """Anything that answers a batch of keys with one int per key, as Mooncake's
-    ``batch_is_exist`` does: ``1`` present, ``0`` absent, a negative Mooncake error code on
-    failure. A failure of the whole call is raised as :class:`~aio_mclookup.StoreError`."""
-
-    async def batch_is_exist(self, keys: Sequence[Key]) -> list[int]:
-        """Answer each key, in order."""
-        ...
+__all__ = ["FakeStore"]
 
 
 class FakeStore:
@@ -39,7 +21,7 @@ class FakeStore:
     """
 
     def __init__(self, present: Iterable[Key] = (), *, delay: float = 0.0) -> None:
-        self.present: set[bytes] = {_as_bytes(k) for k in present}
+        self.present: set[bytes] = {as_bytes(k) for k in present}
         self.delay = delay
         self.calls: list[list[bytes]] = []
         self.fail_with: int | BaseException | None = None
@@ -47,14 +29,14 @@ class FakeStore:
 
     def add(self, keys: Iterable[Key]) -> None:
         """Mark keys present."""
-        self.present.update(_as_bytes(k) for k in keys)
+        self.present.update(as_bytes(k) for k in keys)
 
     def discard(self, keys: Iterable[Key]) -> None:
         """Mark keys absent."""
-        self.present.difference_update(_as_bytes(k) for k in keys)
+        self.present.difference_update(as_bytes(k) for k in keys)
 
     async def batch_is_exist(self, keys: Sequence[Key]) -> list[int]:
-        batch = [_as_bytes(k) for k in keys]
+        batch = [as_bytes(k) for k in keys]
         self.calls.append(batch)
         if self.delay:
             await asyncio.sleep(self.delay)

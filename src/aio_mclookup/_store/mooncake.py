@@ -1,0 +1,126 @@
+"""The real store: :class:`MooncakeStore`, a lookup-only Mooncake client on a :class:`ClientPool`,
+awaited (:class:`~aio_mclookup.Store`) or calling back (:class:`~aio_mclookup.CallbackStore`)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._errors import InvalidRequest, StoreError
+from .codes import raise_if_failed_rpc
+from .pool import LOOPBACK, ClientPool, as_error
+
+__all__ = ["MooncakeStore"]
+
+
+def _exist(client: Any, batch: list[str | bytes]) -> list[int]:
+    """The client's ``batch_is_exist`` (on a pool thread), a failed RPC raised."""
+    answers: list[int] = client.batch_is_exist(batch)
+    raise_if_failed_rpc("batch_is_exist", answers)
+    return answers
+
+
+class MooncakeStore(ClientPool):
+    """The real :class:`~aio_mclookup.Store`: a lookup-only Mooncake client (no segment, no buffer).
+
+    ``async with MooncakeStore(master, metadata) as store: await store.batch_is_exist(keys)``.
+
+    Blocking client calls run on a private ``ThreadPoolExecutor`` of ``threads`` workers (also
+    exposed as ``max_concurrency``), never on the loop's default executor. Concurrent calls on one
+    client are safe and give correct results.
+
+    Process-wide environment: before the client is built, :meth:`open` sets these only where the
+    process has not (``os.environ.setdefault``; the client reads them at construction, so the
+    first client of the process decides):
+
+    * ``MC_TCP_BIND_ADDRESS=<local_hostname>`` when ``local_hostname`` is an IP address (the
+      default ``127.0.0.1`` makes the client advertise and use loopback);
+    * ``MC_STORE_CLIENT_SETUP_RETRIES=2`` (the default, 20, means ~90 s against a dead master);
+    * ``MC_RPC_TIMEOUT_MS=<rpc_timeout * 1000>`` (default 30 s; size it above the slowest batch).
+
+    The client's own listeners (transfer-engine handshake and TCP data ports, 15000-17000) still
+    bind all interfaces; no option changes that. For hard isolation run in a network namespace.
+
+    ``setup()`` and ``close()`` of the Mooncake client hold the GIL for their whole duration (the
+    process freezes; ~20-40 ms setup, ~0.3-1 s close), so open the store at start-up and close it
+    at shut-down, not per request. A dead master fails :meth:`open` fast with
+    ``StoreError(code=-900)`` thanks to a TCP probe. While the master is down, each lookup returns
+    after up to ~4.4 s (reconnect back-off) with ``StoreError(code=-900)``; the client reconnects
+    by itself when the master is back (keys are lost: the master keeps them in memory only).
+    """
+
+    _role = "lookup"
+
+    def __init__(
+        self,
+        master_address: str,
+        metadata_server: str,
+        *,
+        threads: int = 4,
+        rpc_timeout: float = 2.0,
+        setup_timeout: float = 10.0,
+        local_hostname: str = LOOPBACK,
+    ) -> None:
+        super().__init__(
+            master_address,
+            metadata_server,
+            threads=threads,
+            rpc_timeout=rpc_timeout,
+            setup_timeout=setup_timeout,
+            local_hostname=local_hostname,
+            global_segment_size=0,
+            local_buffer_size=0,
+        )
+        self.max_concurrency = threads
+
+    def __repr__(self) -> str:
+        return (
+            f"MooncakeStore({self.master_address!r}, {self.metadata_server!r}, "
+            f"threads={self.max_concurrency}, state={self._state})"
+        )
+
+    async def batch_is_exist(self, keys: Sequence[str | bytes]) -> list[int]:
+        """Answer each key: 1 present, 0 absent (or a per-key negative code), in order.
+
+        ``str`` and ``bytes`` keys are both accepted (bytes compare byte-exact with the UTF-8 of
+        a str key); a bare ``str`` raises :class:`InvalidRequest`. The batch is sent as one RPC:
+        keep it at <= ~1000 keys (larger requests can stall ~40 ms on loopback's delayed ACK).
+
+        Raises :class:`ClosedError` before :meth:`open` or after :meth:`aclose`, and
+        :class:`StoreError` when the RPC failed (every answer the same negative code, ``code`` set)
+        or the client raised (``code=None``). ``[]`` answers ``[]`` without a call.
+        """
+        client = self._client_or_closed()
+        if isinstance(keys, (str, bytes)):
+            raise InvalidRequest("batch_is_exist() takes a sequence of keys, not one key")
+        batch = list(keys)
+        if not batch:
+            return []
+        return await self._call(functools.partial(_exist, client, batch))
+
+    def batch_is_exist_then(
+        self, keys: Sequence[str | bytes], then: Callable[[list[int] | BaseException], None]
+    ) -> None:
+        """:meth:`batch_is_exist` for the coordinator, without an awaiting task: ``then``
+        gets the answers (or the :class:`Error` it would raise) on this loop's thread, as
+        soon as the loop picks them up. Raises :class:`ClosedError` as it would."""
+        loop = asyncio.get_running_loop()
+        client = self._client_or_closed()
+        batch = list(keys)
+
+        def deliver(done: concurrent.futures.Future[list[int]]) -> None:  # (a pool thread)
+            outcome: list[int] | BaseException
+            if done.cancelled():
+                outcome = StoreError("Mooncake client call was cancelled")
+            elif (exc := done.exception()) is not None:
+                outcome = as_error(exc)
+            else:
+                outcome = done.result()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(then, outcome)
+
+        self._submit(functools.partial(_exist, client, batch)).add_done_callback(deliver)

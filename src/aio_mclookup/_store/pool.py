@@ -1,0 +1,340 @@
+"""The client pool: one ``MooncakeDistributedStore`` driven from a private thread pool with a
+lifecycle that cannot crash the process.
+
+``mooncake.store`` is imported lazily, inside the functions that need it, so the package imports
+without the Mooncake wheel installed. Facts about the wheel that shape this module (measured
+figures in docs/design.md):
+
+* ``setup()`` and ``close()`` hold the GIL for their whole duration. Open and close clients at
+  start-up and shut-down, never per request.
+* The wheel segfaults on a lookup before ``setup()``, after ``close()``, and on ``close()`` while
+  a lookup runs. :class:`ClientPool` guards every call with a state flag and an in-flight count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from .._checks import positive_int
+from .._errors import ClosedError, Error, InvalidRequest, StoreError
+from .codes import RPC_FAIL
+
+__all__ = ["LOOPBACK", "ClientPool", "as_error", "client_config", "port_accepts"]
+
+_T = TypeVar("_T")
+_Self = TypeVar("_Self", bound="ClientPool")
+_log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+_CLOSE_WAIT = 120.0
+"""Longest time a close waits for in-flight calls before it gives up on closing the client."""
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (or ``[v6]:port``) into its parts."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected 'host:port', got {address!r}")
+    return host.strip("[]") or LOOPBACK, int(port)
+
+
+async def _tcp_probe(host: str, port: int, timeout: float) -> OSError | None:
+    """Try one TCP connect without blocking the loop; return the error or ``None`` on success."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return exc
+    family, type_, proto, _, addr = infos[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setblocking(False)
+        await asyncio.wait_for(loop.sock_connect(sock, addr), timeout)
+    except (asyncio.TimeoutError, TimeoutError):
+        return TimeoutError(f"no answer from {host}:{port} within {timeout:g} s")
+    except OSError as exc:
+        return exc
+    finally:
+        sock.close()
+    return None
+
+
+def port_accepts(port: int, host: str = LOOPBACK) -> bool:
+    """One loopback TCP connect; on loopback it completes or is refused at once."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+_NEW, _OPENING, _OPEN, _CLOSING, _CLOSED = "new", "opening", "open", "closing", "closed"
+
+
+def client_config(
+    master_address: str,
+    metadata_server: str,
+    local_hostname: str,
+    global_segment_size: int = 0,
+    local_buffer_size: int = 0,
+) -> dict[str, Any]:
+    """The ``setup()`` config of a Mooncake client over TCP (lookup-only: no segment, no
+    buffer)."""
+    return {
+        "local_hostname": local_hostname,
+        "metadata_server": metadata_server,
+        "master_server_addr": master_address,
+        "global_segment_size": global_segment_size,
+        "local_buffer_size": local_buffer_size,
+        "protocol": "tcp",
+    }
+
+
+class ClientPool:
+    """A ``MooncakeDistributedStore`` driven from a private thread pool with a safe lifecycle.
+
+    Every blocking client call runs on the pool and is counted in flight from submission until its
+    thread finishes, even when the awaiting caller is cancelled (the result is then dropped).
+    Closing first refuses new calls (:class:`ClosedError`), then waits for the in-flight ones,
+    then runs ``client.close()`` on the pool, then shuts the pool down. The object is not bound to
+    an event loop: each call uses the loop that awaits it.
+    """
+
+    _role = "client"
+
+    def __init__(
+        self,
+        master_address: str,
+        metadata_server: str,
+        *,
+        threads: int,
+        rpc_timeout: float,
+        setup_timeout: float,
+        local_hostname: str,
+        global_segment_size: int,
+        local_buffer_size: int,
+    ) -> None:
+        positive_int("threads", threads)
+        for name, seconds in (("rpc_timeout", rpc_timeout), ("setup_timeout", setup_timeout)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+                raise InvalidRequest(f"{name} must be > 0 seconds, got {seconds!r}", field=name)
+        self._master_host, self._master_port = _split_host_port(master_address)
+        self.master_address = master_address
+        self.metadata_server = metadata_server
+        self.rpc_timeout = rpc_timeout
+        self.setup_timeout = setup_timeout
+        self.local_hostname = local_hostname
+        self._threads = threads
+        self._config = client_config(
+            master_address, metadata_server, local_hostname, global_segment_size, local_buffer_size
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix=f"mooncake-{self._role}"
+        )
+        self._cond = threading.Condition()
+        self._state = _NEW
+        self._inflight = 0
+        self._client: Any = None
+        self._close_future: concurrent.futures.Future[None] | None = None
+
+    # ---- public lifecycle ------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Client calls submitted to the pool and not finished yet."""
+        with self._cond:
+            return self._inflight
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` has been called (or opening failed)."""
+        with self._cond:
+            return self._state in (_CLOSING, _CLOSED)
+
+    async def open(self) -> None:
+        """Probe the master, then create and set up the client on the pool.
+
+        Raises :class:`StoreError` with ``code=-900`` at once when the master's RPC port (or an
+        HTTP metadata server) does not accept a TCP connect within ``setup_timeout``, instead of
+        letting ``setup()`` retry for ~4.4 s per attempt while holding the GIL. A non-zero
+        ``setup()`` return raises :class:`StoreError` with that code. On any failure the object is
+        closed. ``setup()`` holds the GIL while it runs, so the whole process pauses for it.
+        """
+        with self._cond:
+            if self._state != _NEW:
+                raise ClosedError(f"{type(self).__name__} can be opened only once")
+            self._state = _OPENING
+        try:
+            await self._probe()
+            self._apply_env_defaults()
+            await self._call(self._setup_job, _OPENING)
+        except BaseException as exc:
+            fut = self._begin_close()
+            if isinstance(exc, Exception):
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(fut)
+            raise
+        with self._cond:
+            if self._state != _OPENING:
+                raise ClosedError(f"{type(self).__name__} was closed while opening")
+            self._state = _OPEN
+
+    async def aclose(self) -> None:
+        """Refuse new calls, wait for in-flight ones, close the client, stop the threads.
+
+        Idempotent. In-flight calls are bounded by the client's RPC timeout (and ~4.4 s per call
+        while the master is down). ``close()`` holds the GIL (~0.3-2 s): close at shut-down only.
+        """
+        fut = self._begin_close()
+        # Shielded: a caller that stops waiting must not cancel the close job itself.
+        await asyncio.shield(asyncio.wrap_future(fut))
+
+    async def __aenter__(self: _Self) -> _Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def health_check(self) -> int:
+        """The client's own health flag, without blocking: 0 healthy, 1 not set up or closed,
+        2 master unreachable (it lags the truth by ~1-9 s; it reads the ping thread's state)."""
+        with self._cond:
+            if self._state != _OPEN or self._client is None:
+                return 1
+            return int(self._client.health_check())
+
+    # ---- hooks for subclasses -------------------------------------------------------------
+
+    def _after_setup(self, client: Any) -> None:
+        """Runs on the pool right after a successful ``setup()``."""
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _apply_env_defaults(self) -> None:
+        """Set the process-wide ``MC_*`` defaults that the client reads at construction."""
+        try:
+            ipaddress.ip_address(self.local_hostname)
+        except ValueError:
+            pass
+        else:
+            os.environ.setdefault("MC_TCP_BIND_ADDRESS", self.local_hostname)
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "2")
+        os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(max(1, round(self.rpc_timeout * 1000))))
+
+    async def _probe(self) -> None:
+        err = await _tcp_probe(self._master_host, self._master_port, self.setup_timeout)
+        if err is not None:
+            raise StoreError(
+                f"Mooncake master {self.master_address} is not reachable: {err}", code=RPC_FAIL
+            )
+        url = urlsplit(self.metadata_server)
+        if url.scheme in ("http", "https") and url.hostname:
+            port = url.port or (443 if url.scheme == "https" else 80)
+            err = await _tcp_probe(url.hostname, port, self.setup_timeout)
+            if err is not None:
+                raise StoreError(
+                    f"metadata server {self.metadata_server} is not reachable: {err}",
+                    code=RPC_FAIL,
+                )
+
+    def _setup_job(self) -> None:
+        from mooncake.store import MooncakeDistributedStore
+
+        client = MooncakeDistributedStore()
+        with self._cond:
+            self._client = client  # so a close after a failed setup still closes it
+        rc = client.setup(dict(self._config))
+        if rc != 0:
+            raise StoreError(
+                f"Mooncake setup() against {self.master_address} returned {rc}", code=int(rc)
+            )
+        self._after_setup(client)
+
+    def _release(self, _fut: concurrent.futures.Future[Any]) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._cond.notify_all()
+
+    def _submit(self, fn: Callable[[], _T], state: str = _OPEN) -> concurrent.futures.Future[_T]:
+        """Submit ``fn`` to the pool if the object is in ``state``; count it in flight until
+        it is done. Raises :class:`ClosedError` otherwise."""
+        with self._cond:
+            if self._state != state:
+                raise ClosedError(f"{type(self).__name__} is {self._state}")
+            # Submit under the lock so that no call can queue behind the close job.
+            cf = self._pool.submit(fn)
+            self._inflight += 1
+        cf.add_done_callback(self._release)
+        return cf
+
+    async def _call(self, fn: Callable[[], _T], state: str = _OPEN) -> _T:
+        """Run ``fn`` on the pool if the object is in ``state``; count it in flight."""
+        cf = self._submit(fn, state)
+        try:
+            return await asyncio.wrap_future(cf)
+        except Exception as exc:
+            error = as_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _client_or_closed(self) -> Any:
+        with self._cond:
+            if self._state != _OPEN or self._client is None:
+                raise ClosedError(f"{type(self).__name__} is {self._state}")
+            return self._client
+
+    def _begin_close(self) -> concurrent.futures.Future[None]:
+        with self._cond:
+            if self._close_future is not None:
+                return self._close_future
+            self._state = _CLOSING
+            fut = self._pool.submit(self._close_job)
+            self._close_future = fut
+        fut.add_done_callback(lambda _f: self._pool.shutdown(wait=False))
+        return fut
+
+    def _close_job(self) -> None:
+        with self._cond:
+            idle = self._cond.wait_for(lambda: self._inflight == 0, timeout=_CLOSE_WAIT)
+            client, self._client = self._client, None
+        try:
+            # Closing with calls still running would crash the process: leak it instead.
+            if client is not None and idle:
+                client.close()
+            elif client is not None:
+                _log.warning(
+                    "%s: calls still running after %g s; not closing the Mooncake client",
+                    type(self).__name__,
+                    _CLOSE_WAIT,
+                )
+        except Exception as exc:
+            raise StoreError(f"Mooncake client close() failed: {exc!r}") from exc
+        finally:
+            with self._cond:
+                self._state = _CLOSED
+
+
+def as_error(exc: BaseException) -> BaseException:
+    """A client call's exception as this library's: an :class:`Error` as it is, anything
+    else (the wheel's own) as a :class:`StoreError` without a code."""
+    return exc if isinstance(exc, Error) else StoreError(f"Mooncake client call failed: {exc!r}")
