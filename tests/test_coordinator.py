@@ -183,11 +183,11 @@ async def test_cache_ttl_is_read_at_each_rpc() -> None:
     hashes = chain(8, b"ttl")
     store = FakeStore(FULL16.plan(128, hashes).keys)
     async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
-        coord.cache_ttl = None
+        coord.options = coord.options.replace(cache_ttl=None)
         assert await coord.lookup(128, hashes) == 128
         assert await coord.lookup(128, hashes) == 128
         assert coord.stats().rpcs_total == 2 and coord.stats().cache_hits_total == 0
-        coord.cache_ttl = 0.05
+        coord.options = coord.options.replace(cache_ttl=0.05)
         assert await coord.lookup(128, hashes) == 128
         assert await coord.lookup(128, hashes) == 128
         assert coord.stats().rpcs_total == 3  # the fourth was answered from the cache
@@ -326,7 +326,7 @@ async def test_known_prefixes_skip_a_shared_prefix_without_building_its_keys(
 
 def _followers(coord: LookupCoordinator) -> int:
     """How many lookups wait for a walker right now."""
-    return sum(len(walker.followers or ()) for walker in coord._walkers.values())
+    return sum(len(walker.followers or ()) for walker in coord._core._walkers.values())
 
 
 async def test_a_lookup_sharing_a_walkers_chunks_waits_then_starts_past_its_run() -> None:
@@ -346,7 +346,7 @@ async def test_a_lookup_sharing_a_walkers_chunks_waits_then_starts_past_its_run(
         stats = coord.stats()
         assert stats.dedup_hits_total == 0  # it joined none of the walker's keys
         assert stats.cache_hits_total == 20  # it took the walker's run
-        assert not coord._walkers
+        assert not coord._core._walkers
     doc_keys = FULL16.plan(1024, doc).keys
     assert store.calls[0] == FULL16.plan(1024, short).keys  # the walker's RPC
     assert [k for call in store.calls[1:] for k in call] == doc_keys[20:]
@@ -359,12 +359,12 @@ async def test_a_lookup_whose_next_chunk_differs_from_the_walkers_does_not_wait(
         assert await coord.lookup(1024, doc[:10] + chain(54, b"first")) == 160  # known: 10
         walker = asyncio.ensure_future(coord.lookup(1024, doc))  # walks on from chunk 10
         await asyncio.sleep(0)
-        assert len(coord._walkers) == 1
+        assert len(coord._core._walkers) == 1
         other = asyncio.ensure_future(coord.lookup(1024, doc[:10] + chain(54, b"other")))
         await asyncio.sleep(0)
         assert _followers(coord) == 0  # its chunk 10 is not the walker's: it probes at once
         assert await asyncio.gather(walker, other) == [1024, 160]
-        assert not coord._walkers
+        assert not coord._core._walkers
 
 
 @pytest.mark.parametrize("how", ["cancel", "timeout", "store_error"])
@@ -393,7 +393,7 @@ async def test_followers_go_on_when_their_walker_ends_badly(how: str) -> None:
         assert isinstance(results[0], expected_error)
         await asyncio.sleep(0.001)  # past the failure pause
         assert await asyncio.gather(*followers) == [512] * 3
-        assert not coord._walkers and not coord._lookups
+        assert not coord._core._walkers and not coord._core.lookups
 
 
 async def test_a_follower_times_out_alone() -> None:
@@ -407,7 +407,7 @@ async def test_a_follower_times_out_alone() -> None:
             await late
         assert await walker == 512
         assert await coord.lookup(512, doc) == 512
-        assert not coord._walkers and not coord._lookups
+        assert not coord._core._walkers and not coord._core.lookups
 
 
 class GatedStore(FakeStore):
@@ -468,7 +468,7 @@ async def test_a_follower_waits_for_one_round_of_its_walker_not_for_all_of_it() 
         assert await walker == 1024
         await store.open(0)
         assert await busy == 0
-        assert not coord._walkers
+        assert not coord._core._walkers
 
 
 async def test_the_first_round_after_a_known_prefix_follows_the_likely_answer() -> None:
@@ -506,12 +506,12 @@ async def test_a_lookup_leaving_the_known_run_does_not_become_a_walker() -> None
         assert await first == 640
         leaving = asyncio.ensure_future(coord.lookup(1024, doc[:10] + chain(54, b"t10")))
         await store.called(call)
-        assert not coord._walkers
+        assert not coord._core._walkers
         call = await store.open_until(leaving, call)
         assert await leaving == 160
         going_on = asyncio.ensure_future(coord.lookup(1024, doc))
         await store.called(call)
-        assert [w.plan.num_keys for w in coord._walkers.values()] == [64]
+        assert [w.plan.num_keys for w in coord._core._walkers.values()] == [64]
         await store.open_until(going_on, call)
         assert await going_on == 1024
 
@@ -553,7 +553,7 @@ async def test_followers_stop_waiting_once_the_walkers_rounds_outgrow_one_rpc() 
         await asyncio.sleep(0)
         waits, n = 0, 1
         while not follower.done():
-            for w in coord._walkers.values():
+            for w in coord._core._walkers.values():
                 if w.followers:
                     waits += 1
                     assert len(w.round_keys) <= 4  # never on a round of several RPCs
@@ -585,8 +585,7 @@ async def test_no_waiting_for_a_walker_round_of_several_rpcs() -> None:
         await store.open_until(short, 4)
         assert await short == 16
         assert not walker.done()  # still waits for call 3
-        for n in range(3, len(store.gates)):
-            await store.open(n)
+        await store.open_until(walker, 3)  # (the walker's later calls come in turn with others')
         assert await walker == 1024
 
 
@@ -608,7 +607,7 @@ async def test_no_walkers_without_the_cache() -> None:
     async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
         tasks = [asyncio.ensure_future(coord.lookup(512, doc)) for _ in range(3)]
         await asyncio.sleep(0)
-        assert _followers(coord) == 0 and not coord._walkers
+        assert _followers(coord) == 0 and not coord._core._walkers
         assert await asyncio.gather(*tasks) == [512] * 3
         assert coord.stats().dedup_hits_total > 0  # they shared keys instead
 
@@ -738,7 +737,7 @@ async def test_cancelled_caller_leaves_others_alone() -> None:
         with pytest.raises(asyncio.CancelledError):
             await ta
         await asyncio.sleep(0.06)
-        assert not coord._lookups and not coord._queued and not coord._in_flight
+        assert not coord._core.lookups and not coord._core.table.queued and not coord._core.table.in_flight
         assert coord.stats().lookups_cancelled_total == 1
 
 
@@ -939,7 +938,7 @@ async def test_caller_cancelled_as_its_rpc_fails_leaves_others_and_keys_usable()
         ta.cancel()  # same loop iteration as the RPC's failure
         with pytest.raises(mcl.StoreError):
             await asyncio.wait_for(tb, 2)
-        assert not coord._in_flight
+        assert not coord._core.table.in_flight
         await asyncio.sleep(0.02)
         with pytest.raises(mcl.StoreError):  # its keys are not stranded
             await asyncio.wait_for(coord.lookup(64, chain(4, b"b")), 2)
@@ -956,7 +955,7 @@ async def test_store_raising_cancelled_error_is_a_store_failure() -> None:
     async with LookupCoordinator(FULL16, CancellingStore()) as coord:
         with pytest.raises(mcl.StoreError):
             await asyncio.wait_for(coord.lookup(64, chain(4, b"c")), 2)
-        assert not coord._in_flight
+        assert not coord._core.table.in_flight
 
 
 async def test_admission_is_first_come_first_served() -> None:

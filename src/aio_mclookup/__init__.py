@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
-from ._coordinator import LookupCoordinator
+from ._coordinator.options import CoordinatorOptions
+from ._coordinator.shell import LookupCoordinator
 from ._errors import ClosedError, Error, InvalidRequest, LookupTimeout, Overloaded, StoreError
 from ._layout.groups import ChunkedLocalAttention, FullAttention, GroupSpec, Mamba, SlidingWindow
 from ._layout.layout import KVLayout
@@ -27,6 +28,7 @@ __all__ = [
     "CallbackStore",
     "ChunkedLocalAttention",
     "ClosedError",
+    "CoordinatorOptions",
     "CoordinatorStats",
     "Error",
     "FakeStore",

@@ -10,6 +10,7 @@ __all__ = [
     "LookupTimeout",
     "Overloaded",
     "StoreError",
+    "error_label",
 ]
 
 
@@ -56,3 +57,25 @@ class ClosedError(Error):
 class InternalError(Error, RuntimeError):
     """A bug in aio_mclookup itself (never the store's or the caller's fault); the message
     says where. Only the lookup it happened in fails."""
+
+
+def error_label(exc: BaseException) -> str:
+    """A short, stable label of a failure, for metrics and HTTP error bodies: a store error's
+    Mooncake code (``"-900"``; ``"exception"`` when it has none), ``"timeout"``,
+    ``"overloaded"``, ``"closed"``, ``"invalid_request"``, ``"internal"``, else the type's
+    name."""
+    if isinstance(exc, StoreError):
+        return str(exc.code) if exc.code is not None else "exception"
+    for kind, label in _LABELS:
+        if isinstance(exc, kind):
+            return label
+    return type(exc).__name__
+
+
+_LABELS: tuple[tuple[type[Error], str], ...] = (
+    (LookupTimeout, "timeout"),
+    (Overloaded, "overloaded"),
+    (ClosedError, "closed"),
+    (InvalidRequest, "invalid_request"),
+    (InternalError, "internal"),
+)

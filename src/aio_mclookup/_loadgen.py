@@ -376,7 +376,7 @@ async def _coordinator_run(
     stop: asyncio.Event,
     progress: _Progress,
 ) -> RunResult:
-    from ._coordinator import LookupCoordinator
+    from ._coordinator.shell import LookupCoordinator
 
     result = RunResult(COORDINATOR, concurrency, _planned(cfg, requests))
     coordinator = LookupCoordinator(

@@ -7,13 +7,15 @@ import math
 
 import numpy as np
 
-from aio_mclookup._cache import (
-    LEAVES_RUN,
-    LIKELY_ABSENT,
-    LIKELY_PRESENT,
+from aio_mclookup._coordinator.caches import (
     RUN_OVERHEAD_ROWS,
     KnownPrefixes,
+    NextChunk,
     PositiveCache,
+)
+
+LEAVES_RUN, LIKELY_ABSENT, LIKELY_PRESENT = (
+    NextChunk.LEAVES_RUN, NextChunk.LIKELY_ABSENT, NextChunk.LIKELY_PRESENT
 )
 
 

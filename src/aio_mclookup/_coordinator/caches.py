@@ -14,6 +14,7 @@ prefix built on it inherits.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import math
@@ -23,13 +24,20 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KnownPrefixes", "PositiveCache", "common_rows"]
+__all__ = ["KnownPrefixes", "NextChunk", "PositiveCache", "common_rows"]
 
 _NEVER = math.inf
 RUN_OVERHEAD_ROWS = 8
 """What a run costs beyond its rows, in rows, against ``max_rows`` (small runs stay bounded)."""
-LIKELY_PRESENT, LIKELY_ABSENT, LEAVES_RUN = 0, 1, 2
-"""What :meth:`KnownPrefixes.after` says of the chunk after a known prefix."""
+
+
+class NextChunk(enum.Enum):
+    """What :meth:`KnownPrefixes.after` says of the chunk right after a known prefix."""
+
+    LIKELY_PRESENT = "likely present"
+    LIKELY_ABSENT = "likely absent"
+    LEAVES_RUN = "leaves the run"
+
 
 
 class PositiveCache:
@@ -196,28 +204,28 @@ class KnownPrefixes:
 
     def after(
         self, key: tuple[Hashable, bytes] | None, rows: npt.NDArray[np.uint8], count: int
-    ) -> int:
+    ) -> NextChunk:
         """What is likely of a request's chunk ``count``, right after the ``count`` rows it
         shares with the run at ``key`` (as :meth:`leading` found them): a hint for whether
         the first probe after a known prefix is that chunk alone or a wider window.
 
-        * :data:`LEAVES_RUN`: the request differs from the run there (its own continuation,
+        * ``LEAVES_RUN``: the request differs from the run there (its own continuation,
           which is likely absent);
-        * :data:`LIKELY_ABSENT`: it is the run's very miss, or nothing better is known;
-        * :data:`LIKELY_PRESENT`: the request goes on exactly like the run (rows known
+        * ``LIKELY_ABSENT``: it is the run's very miss, or nothing better is known;
+        * ``LIKELY_PRESENT``: the request goes on exactly like the run (rows known
           present, though out of date), or the run has grown past its end before (requests
           sharing a document up to different cuts)."""
         run = None if key is None else self._runs.get(key)
         if run is None or count >= rows.shape[0]:
-            return LIKELY_ABSENT
+            return NextChunk.LIKELY_ABSENT
         stored = run.rows.shape[0]
         if count < stored:
             if rows[count].tobytes() != run.rows[count].tobytes():
-                return LEAVES_RUN
-            return LIKELY_PRESENT
+                return NextChunk.LEAVES_RUN
+            return NextChunk.LIKELY_PRESENT
         if count > stored or run.miss == rows[count].tobytes() or not run.grown:
-            return LIKELY_ABSENT
-        return LIKELY_PRESENT
+            return NextChunk.LIKELY_ABSENT
+        return NextChunk.LIKELY_PRESENT
 
     def _store(self, key: tuple[Hashable, bytes], run: _Run, max_rows: int) -> None:
         self._runs[key] = run

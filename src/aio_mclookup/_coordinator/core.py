@@ -1,0 +1,604 @@
+"""The coordinator's core: many lookups' probing rounds over one key table, with no event loop,
+clock or store (sans-IO).
+
+The asyncio shell (:mod:`.shell`) feeds it plans (:meth:`CoordinatorCore.begin`), RPC outcomes
+(:meth:`CoordinatorCore.settle_rpc`) and timeouts (:meth:`CoordinatorCore.fail`), each with
+the current monotonic time, and acts on what it leaves behind:
+
+* keys in :attr:`KeyTable.queued` are to be sent: :meth:`CoordinatorCore.take_batches` says
+  which, in RPC-sized batches (or fails them fast while the store is down);
+* lookups in :attr:`CoordinatorCore.settled` are done: each carries its hit (and result) or
+  its error.
+
+Data flow of one lookup: known prefixes first (a lone full-attention group), then share the
+work of a *walker* probing the same prompt (see :meth:`CoordinatorCore._follow`), then probe
+rounds: :class:`ProbeState` names the keys whose answers can still change the hit; each key is
+answered from the positive-answer cache, joins a key already queued or in flight, or is
+queued. Answers fan back out; a lookup whose round is complete starts its next round or
+resolves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._arrays import KeyIndices
+from .._errors import Error, InternalError, StoreError
+from .._layout.groups import FullAttention
+from .._observe.stats import CoordinatorStats
+from .._plan.plan import LookupPlan
+from .._plan.probing import ProbeState
+from .breaker import Breaker
+from .caches import KnownPrefixes, NextChunk, PositiveCache, common_rows
+from .options import CoordinatorOptions
+from .table import POS_BITS, POS_MASK, KeyTable, Subscribers
+
+__all__ = ["CoordinatorCore", "LookupState"]
+
+logger = logging.getLogger("aio_mclookup")
+
+_EAGER_KEYS = 4096
+"""Plans up to this many keys build them all at once; except a lone full-attention group,
+which builds only the ranges its rounds probe (the caches answer most of its keys)."""
+_NOTHING_CACHED: dict[bytes, float] = {}  # never written: a dict's get beats a proxy's
+_PRESENT = 1.0
+"""The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
+tracked, and as a time it is long past, so no known prefix is ever built on it."""
+
+
+@dataclass(eq=False, slots=True)
+class LookupState:
+    """One lookup in progress: its plan, probing state, the round being answered, and what
+    it knows of its prompt (for the caches and walkers)."""
+
+    plan: LookupPlan
+    state: ProbeState
+    ident: int
+    """Its number among the core's lookups (>= 1), as used in :data:`Subscribers`."""
+    waiter: Any = None
+    """The shell's handle on the caller (a future); the core never touches it."""
+    error: BaseException | None = None
+    """Set when it failed (then it is done)."""
+    done: bool = False
+    """Settled (hit, error or given up by the caller): answers for it are dropped."""
+    round_keys: KeyIndices = range(0)
+    round_present: list[float] = field(default_factory=list)  # (set by every round)
+    """Per key of the round: 0.0 absent, else until when it is known present."""
+    waiting: int = 0
+    """Answers of the round still to come."""
+    likely_miss: bool = False
+    """A cache knew a prefix and the chunk after it is likely absent (see
+    :meth:`KnownPrefixes.after`): the first round probes that chunk alone."""
+    own_way: bool = False
+    """The request leaves the known run right after its known prefix: no walker can share
+    its next chunk, so it does not look for one."""
+    prefix_rows: npt.NDArray[np.uint8] | None = None
+    """A lone full-attention group's hash rows, when its known-present prefix is to be
+    remembered in the :class:`KnownPrefixes` once the lookup settles."""
+    prefix_from_runs: int = 0
+    """Chunks the known prefixes answered at the start (nothing new to remember there)."""
+    valid_until: float = math.inf
+    """Until when every presence this lookup relied on holds (its earliest expiry)."""
+    prompt: tuple[Hashable, bytes] | None = None
+    """With ``prefix_rows``: the layout's key prefixes and the first hash, which find its
+    known prefix and its walker."""
+    walk: tuple[Hashable, bytes] | None = None
+    """Set while it is the walker of a shared prefix."""
+    followers: list[LookupState] | None = None
+    """Lookups waiting for this walker's current round."""
+    follow_until: int = 0
+    """While following: the first chunk whose hash differs from the walker's."""
+
+    @property
+    def hit(self) -> int:
+        """The hit, once settled without error."""
+        hit = self.state.hit
+        assert hit is not None
+        return hit
+
+
+class CoordinatorCore:
+    """Probing rounds of many lookups over shared, deduplicated keys (see the module doc)."""
+
+    def __init__(self, options: CoordinatorOptions, stats: CoordinatorStats) -> None:
+        self.options = options
+        self.stats = stats
+        self.table = KeyTable()
+        self.settled: list[LookupState] = []
+        """Lookups settled since the shell last looked (it empties the list)."""
+        self.rpcs_in_flight = 0
+        self.breaker = Breaker(options.failure_backoff)
+        self.lookups: dict[int, LookupState] = {}  # by ident: the subscribers' registry
+        self.pending_keys = 0
+        """Planned keys of the registered lookups (what admission bounds)."""
+        self._idents = itertools.count(1)
+        self._dispatch_lookups: set[LookupState] = set()
+        self._cache = PositiveCache()  # filled only while cache_ttl is set
+        self._prefixes = KnownPrefixes()  # likewise
+        self._walkers: dict[tuple[Hashable, bytes], LookupState] = {}
+        self._now = 0.0
+
+    # --------------------------------------------------------------------------- lookups
+    def begin(self, plan: LookupPlan, now: float, waiter: Any = None) -> LookupState:
+        """Register a lookup of ``plan`` and start it: caches, a walker to follow, or its
+        first round. It may settle at once (see :attr:`settled`)."""
+        self._now = now
+        options = self.options
+        lookup = LookupState(plan, ProbeState(plan, options.rounds), next(self._idents), waiter)
+        self.lookups[lookup.ident] = lookup
+        self.pending_keys += plan.num_keys
+        try:
+            prefix_mode = lookup.state.known_prefix is not None
+            if not prefix_mode and plan.num_keys <= _EAGER_KEYS:
+                _build_keys(plan)  # one vectorised build beats several partial ones
+            if (
+                options.rounds
+                and (options.cache_ttl is not None or self._cache or self._prefixes)
+                and not plan.probe_in_one_round
+            ):
+                self._prefill_from_cache(lookup, prefix_mode)
+            if lookup.prefix_rows is None or lookup.own_way or not self._follow(lookup):
+                self._next_round(lookup)
+        except Exception as exc:
+            self._fail_on(lookup, exc)
+        return lookup
+
+    def finish(self, lookup: LookupState) -> None:
+        """The caller is done with ``lookup`` (settled, timed out or cancelled): forget it."""
+        if lookup.walk is not None:
+            self._end_walk(lookup)
+        lookup.done = True
+        del self.lookups[lookup.ident]
+        self.pending_keys -= lookup.plan.num_keys
+        if lookup.waiting:
+            self._forget(lookup)
+
+    def fail(self, lookup: LookupState, error: BaseException) -> None:
+        """Settle ``lookup`` with ``error`` (unless it is settled already)."""
+        if not lookup.done:
+            lookup.error = error
+            lookup.done = True
+            self.settled.append(lookup)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Settle every lookup with ``error`` and drop every key (closing)."""
+        for lookup in list(self.lookups.values()):
+            self.fail(lookup, error)
+        self.table.clear_queued()
+        self.table.in_flight.clear()
+
+    @property
+    def busy(self) -> bool:
+        """RPCs are in flight or keys are queued: rounds then probe in windows."""
+        return bool(self.rpcs_in_flight or self.table.queued)
+
+    def _fail_on(self, lookup: LookupState, exc: Exception) -> None:
+        """A round of ``lookup`` raised: vLLM's own error cases are :class:`Error` already
+        (``InvalidRequest``); anything else is a bug of ours, logged, failing only it."""
+        if not isinstance(exc, Error):
+            logger.error("aio_mclookup: internal error in a lookup", exc_info=exc)
+            exc = InternalError(f"internal error in a lookup round: {exc!r}")
+        self.fail(lookup, exc)
+
+    def _next_round(self, lookup: LookupState) -> None:
+        """Queue the keys of the lookup's next round, or settle it when none are left."""
+        state = lookup.state
+        options = self.options
+        while not lookup.done:
+            window = options.probe_window
+            if window is not None and self.busy:
+                if lookup.likely_miss and not state.rounds:
+                    window = 1  # test the likely miss alone first
+                else:
+                    window <<= min(state.rounds, 20)
+            else:  # an idle store: latency first, probe everything the answer rests on
+                window = None
+            window = self._bounded(lookup, window)
+            wanted = state.next_keys(window)
+            count = len(wanted)
+            if not count:
+                assert state.hit is not None
+                lookup.done = True
+                self.settled.append(lookup)
+                if lookup.prefix_rows is not None:
+                    self._remember_prefix(lookup)
+                return
+            self.stats.rounds_total += 1
+            lookup.round_keys = wanted
+            lookup.round_present = [0.0] * count
+            lookup.waiting = count
+            if self._subscribe(lookup, lookup.plan.keys_at(wanted)):
+                return  # answers will arrive from the store
+            self._record_round(lookup)
+
+    def _bounded(self, lookup: LookupState, window: int | None) -> int | None:
+        """``window`` capped so that a round holds at most ``max_round_keys`` keys (one
+        round's window is in chunks per spec-group; each chunk has a key per namespace and
+        member group)."""
+        plan = lookup.plan
+        if plan.num_keys <= self.options.max_round_keys:
+            return window
+        per_chunk = len(plan.geometry.namespaces) * max(1, len(plan.groups))
+        cap = max(1, self.options.max_round_keys // per_chunk)
+        return cap if window is None or window > cap else window
+
+    def _record_round(self, lookup: LookupState) -> None:
+        """Every answer of the round is in: record them (and how long they hold)."""
+        if lookup.prefix_rows is not None:
+            until = min(filter(None, lookup.round_present), default=math.inf)
+            if until < lookup.valid_until:
+                lookup.valid_until = until
+        lookup.state.record(lookup.round_keys, lookup.round_present)
+
+    def _remember_prefix(self, lookup: LookupState) -> None:
+        """A lone full-attention lookup settled: remember its present prefix by hash rows."""
+        assert lookup.prefix_rows is not None
+        known = lookup.state.known_prefix
+        if (
+            known is not None
+            and known > lookup.prefix_from_runs
+            and lookup.valid_until > self._now
+        ):
+            rows = lookup.prefix_rows
+            miss = rows[known].tobytes() if known < lookup.plan.groups[0].limit else None
+            self._prefixes.add(
+                lookup.plan.geometry.prefix_bytes[0],
+                rows[:known],
+                lookup.valid_until,
+                self.options.cache_max_keys,
+                lookup.prompt,
+                miss,
+            )
+
+    def _subscribe(self, lookup: LookupState, keys: Sequence[bytes]) -> bool:
+        """Answer what the cache knows, join shared probes, queue the rest.
+
+        Returns True when some answers are still to come.
+        """
+        stats = self.stats
+        cached: Mapping[bytes, float] = _NOTHING_CACHED
+        if self._cache:
+            self._cache.expire(self._now)
+            cached = self._cache.members
+        table = self.table
+        queued = table.queued
+        in_flight = table.in_flight
+        answering = table.answering
+        present = lookup.round_present
+        base = lookup.ident << POS_BITS
+        fresh = hits = shared = just_answered = 0
+        for pos, key in enumerate(keys):
+            until = cached.get(key)
+            if until is not None:
+                present[pos] = until
+                hits += 1
+                continue
+            if answering:  # answered by the RPC whose answers are being fanned out
+                answer = answering.get(key)
+                if answer is not None:
+                    present[pos] = answer
+                    just_answered += 1
+                    continue
+            where = in_flight
+            subscribers = in_flight.get(key)
+            if subscribers is None:
+                where = queued
+                subscribers = queued.get(key)
+                if subscribers is None:
+                    queued[key] = base | pos
+                    fresh += 1
+                    continue
+            if isinstance(subscribers, int):
+                where[key] = [subscribers, base | pos]
+            else:
+                subscribers.append(base | pos)
+            shared += 1
+        stats.dedup_hits_total += shared + just_answered
+        stats.cache_hits_total += hits
+        lookup.waiting -= hits + just_answered
+        if fresh:
+            table.queue_round(keys)
+            self._dispatch_lookups.add(lookup)
+        return lookup.waiting > 0
+
+    def _subscribed(self, subscribers: Subscribers) -> Iterator[tuple[LookupState, int]]:
+        """The unsettled lookups among ``subscribers``, with their positions."""
+        lookups = self.lookups
+        for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
+            lookup = lookups.get(sub >> POS_BITS)
+            if lookup is not None and not lookup.done:
+                yield lookup, sub & POS_MASK
+
+    def _answer(self, subscribers: Subscribers, present: float) -> None:
+        """One key's answer for everyone waiting for it (lookups settled meanwhile are
+        skipped). The fan-out's inner loop: no generator, one dict lookup per subscriber."""
+        lookups = self.lookups
+        for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
+            lookup = lookups.get(sub >> POS_BITS)
+            if lookup is not None and not lookup.done:
+                lookup.round_present[sub & POS_MASK] = present
+                lookup.waiting -= 1
+                if not lookup.waiting:
+                    self._advance(lookup)
+
+    def _advance(self, lookup: LookupState) -> None:
+        """A round is answered: record it and go on (a failure ends only this lookup)."""
+        try:
+            self._record_round(lookup)
+            self._next_round(lookup)
+        except Exception as exc:
+            self._fail_on(lookup, exc)
+        if lookup.followers:  # a walker's round is over: its followers go on from there
+            self._release(lookup, settled=lookup.done)
+
+    # ------------------------------------------------------------------ caches and walkers
+    def _prefill_from_cache(self, lookup: LookupState, prefix_mode: bool) -> None:
+        """Answer the full-attention chunks the caches know, before the first round, so the
+        first probe starts where the cached prefix ends.
+
+        A lone full-attention group first asks the known prefixes (one compare of hash rows,
+        no keys built); then, for every full-attention group, the key cache is read a block
+        at a time from there, so a short cached prefix costs little.
+        """
+        plan = lookup.plan
+        geometry = plan.geometry
+        cache = self._cache
+        now = self._now
+        cache.expire(now)
+        k = len(geometry.namespaces)
+        for probe in plan.groups:
+            spec = geometry.groups[probe.group_id]
+            if not probe.chunks.size or not isinstance(spec, FullAttention):
+                continue
+            span = plan.key_span(probe)
+            run = 0
+            likely_miss = True
+            if prefix_mode and probe.hash_rows is not None:
+                signature = geometry.prefix_bytes[0]
+                prompt = KnownPrefixes.key_of(signature, probe.hash_rows)
+                if self.options.cache_ttl is not None:  # remember its prefix once it settles
+                    lookup.prefix_rows = probe.hash_rows
+                    lookup.prompt = prompt
+                chunks, lookup.valid_until = self._prefixes.leading(
+                    signature, probe.hash_rows, now, prompt
+                )
+                lookup.prefix_from_runs = chunks
+                run = chunks * k
+                if chunks:
+                    after = self._prefixes.after(prompt, probe.hash_rows, chunks)
+                    likely_miss = after is not NextChunk.LIKELY_PRESENT
+                    lookup.own_way = after is NextChunk.LEAVES_RUN
+            if cache and not run:  # (else the first round reads the key cache as it goes)
+                block = k
+                while run < len(span):
+                    stop = min(span.stop, span.start + run + block)
+                    got, until = cache.leading(plan.keys_at(range(span.start + run, stop)))
+                    run += got
+                    lookup.valid_until = min(lookup.valid_until, until)
+                    if span.start + run < stop:
+                        break
+                    block *= 8
+            cached = run - run % k
+            if cached:
+                lookup.likely_miss = likely_miss
+                self.stats.cache_hits_total += cached
+                lookup.state.record_present(range(span.start, span.start + cached))
+
+    def _follow(self, lookup: LookupState) -> bool:
+        """A lone full-attention lookup about to probe past its known prefix: share the work
+        of the lookup probing the same prompt (its *walker*, found by the layout's key prefixes
+        and the first hash) instead of subscribing to the same keys chunk by chunk.
+
+        It takes the walker's answers for the chunks both share (same hash rows, so the same
+        keys and answers). If it is then at the walker's current chunk, with the same hash
+        there, and the walker's round fits one RPC, it waits for that round (see
+        :meth:`_release`) and returns True: a wait no longer than joining the walker's keys
+        would be. Otherwise it probes by itself (False), and becomes the walker if there is
+        none."""
+        rows, key = lookup.prefix_rows, lookup.prompt
+        start = lookup.state.known_prefix
+        if rows is None or key is None or start is None or start >= rows.shape[0]:
+            return False
+        walker = self._walkers.get(key)
+        if walker is lookup:
+            return False
+        walked = None if walker is None else walker.state.known_prefix
+        theirs = None if walker is None else walker.prefix_rows
+        if walker is not None and walked is not None and walked > start:
+            start = self._take_walked(lookup, walker, start, walked)  # (settled or not)
+        if walker is None or walker.done:
+            self._walkers[key] = lookup
+            lookup.walk = key
+            return False
+        if theirs is None or walked != start or start >= min(theirs.shape[0], rows.shape[0]):
+            return False  # not at the walker's chunk: nothing more to share
+        if theirs[start].tobytes() != rows[start].tobytes():
+            return False  # our next chunk is not theirs
+        if len(walker.round_keys) > self.options.max_keys_per_rpc:
+            return False  # a round of several RPCs: do not wait for the slowest of them
+        lookup.follow_until = start + common_rows(theirs[start:], rows[start:])
+        if walker.followers is None:
+            walker.followers = []
+        walker.followers.append(lookup)
+        return True
+
+    def _take_walked(
+        self, lookup: LookupState, walker: LookupState, start: int, walked: int
+    ) -> int:
+        """Record the walker's present chunks ``start`` to ``walked`` that the lookup shares
+        (as if it had joined the walker's keys); returns its new known prefix."""
+        theirs, rows = walker.prefix_rows, lookup.prefix_rows
+        assert theirs is not None and rows is not None
+        if start >= min(theirs.shape[0], rows.shape[0]) or (
+            theirs[start].tobytes() != rows[start].tobytes()  # (the usual miss, found cheaply)
+        ):
+            return start
+        shared = common_rows(theirs[start:walked], rows[start:walked])
+        if shared:
+            k = len(lookup.plan.geometry.namespaces)
+            offset = lookup.plan.groups[0].key_offset
+            lookup.valid_until = min(lookup.valid_until, walker.valid_until)
+            self.stats.cache_hits_total += shared * k
+            lookup.state.record_present(range(offset + start * k, offset + (start + shared) * k))
+            lookup.likely_miss = (
+                start + shared < walked  # it went its own way within the walker's chunks
+                or self._prefixes.after(lookup.prompt, rows, start + shared)
+                is not NextChunk.LIKELY_PRESENT
+            )
+        return start + shared
+
+    def _end_walk(self, walker: LookupState) -> None:
+        """A walker settled (whichever way): no longer the walker; release its followers."""
+        assert walker.walk is not None
+        if self._walkers.get(walker.walk) is walker:
+            del self._walkers[walker.walk]
+        walker.walk = None
+        if walker.followers:
+            self._release(walker, settled=True)
+
+    def _release(self, walker: LookupState, settled: bool) -> None:
+        """The walker finished a round (or settled): followers whose chunks it has not yet
+        passed keep waiting; the others take what it found and follow again, or probe by
+        themselves."""
+        followers, walker.followers = walker.followers or (), None
+        walked = None if settled else walker.state.known_prefix
+        if len(walker.round_keys) > self.options.max_keys_per_rpc:
+            walked = None  # its next round needs several RPCs: no waiting for it
+        for lookup in followers:
+            if lookup.done:
+                continue
+            if walked is not None and walked < lookup.follow_until:
+                if walker.followers is None:  # still sharing its next chunk: wait on
+                    walker.followers = []
+                walker.followers.append(lookup)
+                continue
+            try:
+                if not self._follow(lookup):
+                    self._next_round(lookup)
+            except Exception as exc:
+                self._fail_on(lookup, exc)
+
+    def _forget(self, lookup: LookupState) -> None:
+        """Drop a finished lookup's queued probes that nobody else waits for."""
+        queued = self.table.queued
+        if not lookup.waiting or not queued:
+            return
+        for key in lookup.plan.keys_at(lookup.round_keys):
+            subscribers = queued.get(key)
+            if subscribers is not None and not any(self._subscribed(subscribers)):
+                del queued[key]
+
+    # ------------------------------------------------------------------------------ RPCs
+    def take_batches(self, now: float) -> tuple[list[tuple[bytes, ...]], float | None]:
+        """What to send now: queued keys in RPC-sized batches, as many as RPC slots are free
+        (counted in flight from here on). While the breaker is open, queued keys fail fast
+        instead, and the second value says when to try again."""
+        self._now = now
+        table = self.table
+        if not table.queued:
+            return [], None
+        options = self.options
+        breaker = self.breaker
+        if breaker.open(now):
+            self._fail_queued()
+            return [], breaker.retry_at
+        slots = breaker.slots(options.max_rpcs_in_flight - self.rpcs_in_flight, self.rpcs_in_flight)
+        if slots <= 0:
+            return [], None
+        per_rpc = options.max_keys_per_rpc
+        keys = table.take(slots * per_rpc)
+        # Split evenly over the free slots, each RPC at most max_keys_per_rpc keys.
+        count = min(slots, -(-len(keys) // per_rpc))
+        size = -(-len(keys) // count)
+        batches = [keys[start : start + size] for start in range(0, len(keys), size)]
+        stats = self.stats
+        for batch in batches:
+            stats.rpcs_total += 1
+            stats.keys_sent_total += len(batch)
+            stats.keys_per_rpc.observe(len(batch))
+        self.rpcs_in_flight += len(batches)
+        stats.dispatches_total += 1
+        stats.lookups_per_dispatch.observe(len(self._dispatch_lookups))
+        self._dispatch_lookups.clear()
+        return batches, None
+
+    def _fail_queued(self) -> None:
+        """The store is failing: answer queued keys now instead of feeding it."""
+        self._dispatch_lookups.clear()
+        code = self.breaker.last_code
+        for subscribers in self.table.clear_queued().values():
+            self._settle_failed(subscribers, code, "store unavailable; failing fast")
+
+    def _settle_failed(self, subscribers: Subscribers, code: int | None, why: str) -> None:
+        if self.options.on_error == "absent":
+            self._answer(subscribers, 0.0)
+            return
+        for lookup, _ in self._subscribed(subscribers):
+            self.fail(lookup, StoreError(f"{why} (code {code})", code=code))
+
+    def settle_rpc(
+        self,
+        keys: tuple[bytes, ...],
+        sent_at: float,
+        outcome: Sequence[int] | BaseException,
+        now: float,
+    ) -> None:
+        """An RPC of ``keys`` sent at ``sent_at`` is over: fan its answers out (and cache
+        them), or fail its keys."""
+        self._now = now
+        self.rpcs_in_flight -= 1
+        options = self.options
+        error, present = None, None
+        if isinstance(outcome, BaseException):
+            error = outcome
+        elif len(outcome) != len(keys):
+            error = StoreError(f"store answered {len(outcome)} values for {len(keys)} keys")
+        else:  # vLLM: only 1 is present. A present key is marked with until when that holds.
+            mark = _PRESENT if options.cache_ttl is None else sent_at + options.cache_ttl
+            try:
+                present = [mark if answer == 1 else 0.0 for answer in outcome]
+            except Exception as exc:  # (answers that are not ints)
+                error = StoreError(f"store answered something other than ints: {exc!r}")
+        in_flight = self.table.in_flight
+        if error is not None or present is None:
+            code = error.code if isinstance(error, StoreError) else None
+            self.stats.rpc_errors_total += 1
+            self.stats.last_error = f"{type(error).__name__}: {error}"
+            self.breaker.failed(code, now)
+            for key in keys:
+                subscribers = in_flight.pop(key, None)
+                if subscribers:
+                    self._settle_failed(subscribers, code, f"store RPC failed: {error}")
+            return
+        self.breaker.succeeded(now)
+        if options.cache_ttl is not None:  # before the fan-out: next rounds may read it
+            self._cache.add(
+                tuple(itertools.compress(keys, present)),
+                sent_at + options.cache_ttl,
+                options.cache_max_keys,
+            )
+        pop = in_flight.pop
+        answer = self._answer
+        # Next rounds started by this fan-out take these answers too, wherever they are.
+        self.table.answering = dict(zip(keys, present))
+        try:
+            for key, is_present in zip(keys, present):
+                subscribers = pop(key, None)
+                if subscribers is not None:
+                    answer(subscribers, is_present)
+        finally:
+            self.table.answering = {}
+
+
+def _build_keys(plan: LookupPlan) -> None:
+    """Build every key of the plan at once (cached by the plan), as one array if it can."""
+    if plan.key_array() is None:
+        plan.keys  # noqa: B018 - builds and caches the list

@@ -1,0 +1,453 @@
+"""The asyncio shell around :class:`~._coordinator.core.CoordinatorCore`: futures, timers,
+admission, the dispatcher task and the store calls. All probing logic is in the core.
+
+Data flow of one ``await coordinator.lookup(...)``:
+
+1. plan (in the caller: bad input fails here, before it can touch a shared batch);
+2. admission (bounded pending work: wait in arrival order, or :class:`Overloaded`);
+3. the core starts the lookup (caches, walkers, its first round);
+4. the dispatcher sends queued keys while RPC slots are free (no linger by default), split
+   into RPCs of at most ``max_keys_per_rpc`` keys, the rounds waiting served in turn;
+5. answers go back to the core, which fans them out; settled lookups wake their callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._errors import (
+    ClosedError,
+    Error,
+    InvalidRequest,
+    LookupTimeout,
+    Overloaded,
+    StoreError,
+    error_label,
+)
+from .._layout.layout import KVLayout
+from .._observe.stats import CoordinatorStats
+from .._plan.hashes import HashInput
+from .._plan.plan import LookupPlan
+from .._store.protocol import Answer, CallbackStore, Key, Store
+from .core import CoordinatorCore, LookupState
+from .options import CoordinatorOptions, check_timeout
+
+__all__ = ["LookupCoordinator"]
+
+logger = logging.getLogger("aio_mclookup")
+
+
+class _Default:
+    """The type of :data:`DEFAULT`: "the coordinator's own setting" (distinct from None,
+    which means "no bound")."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT = _Default()
+
+
+class LookupCoordinator:
+    """Answer many concurrent prefix lookups with shared, deduplicated store RPCs.
+
+    ``await coordinator.lookup(token_len, block_hashes)`` returns exactly what
+    ``layout.plan(token_len, block_hashes).resolve(answers)`` gives on the store's answers.
+    The coordinator uses the store but does not open or close it.
+
+    Options come as a :class:`CoordinatorOptions` (``options=``) or as its fields by keyword
+    (``timeout=0.5``); see :class:`CoordinatorOptions` and ``docs/coordinator.md``.
+    """
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        store: Store,
+        *,
+        options: CoordinatorOptions | None = None,
+        **option_fields: Any,
+    ) -> None:
+        if not isinstance(layout, KVLayout):
+            raise InvalidRequest(
+                f"layout must be a KVLayout, got {type(layout).__name__}", field="layout"
+            )
+        if not callable(getattr(store, "batch_is_exist", None)):
+            raise InvalidRequest(
+                f"store must have an async batch_is_exist(keys), got {type(store).__name__}",
+                field="store",
+            )
+        if options is None:
+            unknown = set(option_fields) - set(CoordinatorOptions.__dataclass_fields__)
+            if unknown:
+                raise TypeError(f"unknown coordinator option(s): {', '.join(sorted(unknown))}")
+            options = CoordinatorOptions(**option_fields)
+        elif option_fields:
+            options = options.replace(**option_fields)
+        self.layout = layout
+        self.store = store
+        self._options = options
+        self._stats = CoordinatorStats()
+        self._core = CoordinatorCore(options, self._stats)
+        self._submit: Any = store.batch_is_exist_then if isinstance(store, CallbackStore) else None
+        self._rpc_tasks: set[asyncio.Task[None]] = set()
+        self._calls_in_flight = 0  # RPCs through a CallbackStore, answer still to come
+        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
+        self._reserved = [0, 0]  # lookups, keys: admitted waiters not yet registered
+        self._wake: asyncio.Event | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    @property
+    def options(self) -> CoordinatorOptions:
+        """The options in force; assign a new :class:`CoordinatorOptions` (for example
+        ``coordinator.options = coordinator.options.replace(cache_ttl=None)``) to change them
+        while it runs: they hold from the next round and the next RPC on."""
+        return self._options
+
+    @options.setter
+    def options(self, options: CoordinatorOptions) -> None:
+        if not isinstance(options, CoordinatorOptions):
+            raise InvalidRequest(
+                f"options must be a CoordinatorOptions, got {type(options).__name__}",
+                field="options",
+            )
+        self._options = options
+        self._core.options = options
+        self._core.breaker.backoff = options.failure_backoff
+
+    # ------------------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> LookupCoordinator:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _start(self) -> None:
+        if self._closed:
+            raise ClosedError("the coordinator is closed")
+        if self._dispatcher is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._dispatcher = self._loop.create_task(self._dispatch_forever())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Stop: every pending caller gets :class:`ClosedError`; in-flight RPC tasks are
+        cancelled and awaited (the store finishes or abandons its own calls)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._core.fail_all(ClosedError("the coordinator was closed"))
+        self._deliver()
+        for waiter, _ in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(ClosedError("the coordinator was closed"))
+        tasks = [t for t in (self._dispatcher, *self._rpc_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._rpc_tasks.clear()  # (a task cancelled before it started never removes itself)
+        self._core.rpcs_in_flight = self._calls_in_flight  # (call-backs still to come)
+
+    # --------------------------------------------------------------------------- lookups
+    async def lookup(
+        self,
+        token_len: int,
+        block_hashes: HashInput,
+        *,
+        layout: KVLayout | None = None,
+        timeout: float | _Default | None = DEFAULT,
+    ) -> int:
+        """The prefix hit, in tokens, of one request: what the layout's vLLM release's worker
+        answers for ``token_len`` (see :meth:`KVLayout.plan`) on the store's answers.
+
+        ``layout`` lets one coordinator serve several models; ``timeout`` overrides the
+        coordinator's for this call (None: no bound).
+        """
+        state = await self._lookup(self._plan(layout, token_len, block_hashes), timeout)
+        return state.hit
+
+    def _plan(self, layout: KVLayout | None, n: int, block_hashes: HashInput) -> LookupPlan:
+        if layout is None:
+            layout = self.layout
+        elif not isinstance(layout, KVLayout):
+            raise InvalidRequest(
+                f"layout must be a KVLayout, got {type(layout).__name__}", field="layout"
+            )
+        return layout.plan(n, block_hashes)  # raises InvalidRequest
+
+    async def _lookup(self, plan: LookupPlan, timeout: float | _Default | None) -> LookupState:
+        """Run one plan, with the lookup-level statistics."""
+        if self._closed:
+            raise ClosedError("the coordinator is closed")
+        limit = self.options.timeout if timeout is DEFAULT else check_timeout("timeout", timeout)
+        if self._dispatcher is None:
+            self._start()
+        started = time.perf_counter()
+        stats = self._stats
+        stats.keys_planned_total += plan.num_keys
+        stats.requested_tokens_total += max(plan.token_len, 0)
+        try:
+            state = await self._run(plan, limit)
+        except asyncio.CancelledError:
+            stats.lookups_cancelled_total += 1
+            raise
+        except Error as exc:
+            stats.lookups_total += 1
+            stats.lookups_failed_total += 1
+            stats.count_error(error_label(exc))
+            raise
+        stats.lookups_total += 1
+        stats.hit_tokens_total += state.hit
+        stats.lookup_seconds.observe(time.perf_counter() - started)
+        return state
+
+    async def _run(self, plan: LookupPlan, limit: float | None) -> LookupState:
+        """Admit, probe and resolve one plan within ``limit`` seconds; cleans up whatever way
+        it ends."""
+        loop = self._loop
+        assert loop is not None
+        core = self._core
+        if not plan.num_keys:
+            state = core.begin(plan, time.monotonic())  # (settles at once: vLLM's 0)
+            core.finish(state)
+            self._deliver()
+            return state
+        deadline = None if limit is None else loop.time() + limit
+        admitted_late = False
+        if self._waiters or not self._has_room(plan.num_keys):  # else no coroutine
+            await self._admit(plan.num_keys, deadline, limit)
+            admitted_late = True
+        waiter: asyncio.Future[LookupState] = loop.create_future()
+        if admitted_late:
+            self._reserved[0] -= 1
+            self._reserved[1] -= plan.num_keys
+        lookup = core.begin(plan, time.monotonic(), waiter)
+        timer = None
+        if deadline is not None and not lookup.done:  # a timer, not wait_for: no extra task
+            timer = loop.call_at(deadline, self._expire, lookup, limit)
+        self._after()
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled():
+                waiter.exception()  # mark retrieved, whoever stopped waiting
+            core.finish(lookup)
+            if self._waiters:
+                self._admit_next()
+
+    def _expire(self, lookup: LookupState, limit: float | None) -> None:
+        self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Wake the callers of the lookups the core settled."""
+        core = self._core
+        settled = core.settled
+        if not settled:
+            return
+        core.settled = []
+        for lookup in settled:
+            waiter = lookup.waiter
+            if waiter is None or waiter.done():
+                continue
+            if lookup.error is None:
+                waiter.set_result(lookup)
+            else:
+                waiter.set_exception(lookup.error)
+
+    def _after(self) -> None:
+        """After the core ran: wake settled callers, and the dispatcher for queued keys."""
+        self._deliver()
+        if self._core.table.queued:
+            assert self._wake is not None
+            self._wake.set()
+
+    # ------------------------------------------------------------------------- admission
+    def _has_room(self, num_keys: int) -> bool:
+        lookups = self._core.lookups
+        pending = len(lookups) + self._reserved[0]
+        if not pending:
+            return True  # one lookup always fits, however large
+        options = self.options
+        return (
+            pending < options.max_pending_lookups
+            and self._pending_keys() + num_keys <= options.max_pending_keys
+        )
+
+    def _pending_keys(self) -> int:
+        return self._core.pending_keys + self._reserved[1]
+
+    async def _admit(self, num_keys: int, deadline: float | None, limit: float | None) -> None:
+        """Wait for room in arrival order (only the first in line is woken, when it fits),
+        or raise :class:`Overloaded` after yielding once (a retry loop cannot spin)."""
+        options = self.options
+        if options.when_full == "raise" or len(self._waiters) >= options.max_waiting_lookups:
+            await asyncio.sleep(0)
+            raise Overloaded(
+                f"{len(self._core.lookups)} lookups / {self._pending_keys()} keys pending "
+                f"(max {options.max_pending_lookups} / {options.max_pending_keys}), "
+                f"{len(self._waiters)} waiting"
+            )
+        assert self._loop is not None
+        ticket: asyncio.Future[None] = self._loop.create_future()
+        entry = (ticket, num_keys)
+        self._waiters.append(entry)
+        if len(self._waiters) == 1:
+            self._admit_next()  # (room may have appeared while nobody waited)
+        try:
+            if deadline is None:
+                await ticket
+            else:
+                await asyncio.wait_for(asyncio.shield(ticket), deadline - self._loop.time())
+        except BaseException as exc:
+            if ticket.done() and not ticket.cancelled() and ticket.exception() is None:
+                self._reserved[0] -= 1  # admitted, then gave up before it ran
+                self._reserved[1] -= num_keys
+            elif not ticket.done():  # gave up waiting (timeout, cancel)
+                self._waiters.remove(entry)
+                ticket.cancel()
+            self._admit_next()
+            if isinstance(exc, asyncio.TimeoutError):
+                raise LookupTimeout(f"lookup did not finish within {limit} s") from None
+            raise
+
+    def _admit_next(self) -> None:
+        """Admit waiters from the head of the line while they fit (first in, first out)."""
+        waiters = self._waiters
+        while waiters:
+            ticket, num_keys = waiters[0]
+            if ticket.done():
+                waiters.popleft()
+                continue
+            if not self._has_room(num_keys):
+                return
+            waiters.popleft()
+            self._reserved[0] += 1
+            self._reserved[1] += num_keys
+            ticket.set_result(None)
+
+    # ------------------------------------------------------------------------ dispatching
+    async def _dispatch_forever(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.options.linger:
+                await asyncio.sleep(self.options.linger)
+            try:
+                self._dispatch()
+            except Exception:  # the dispatcher must outlive any bug in one dispatch
+                logger.exception("aio_mclookup: dispatch failed")
+
+    def _dispatch(self) -> None:
+        """Send what the core says to send; while the store is down, come back when the
+        breaker lets a probe through."""
+        loop = self._loop
+        assert loop is not None and self._wake is not None
+        now = time.monotonic()
+        batches, retry_at = self._core.take_batches(now)
+        if retry_at is not None:
+            self._deliver()  # (queued keys failed fast)
+            loop.call_at(loop.time() + (retry_at - now), self._wake.set)
+            return
+        submit = self._submit
+        for batch in batches:
+            if submit is not None:
+                self._send(submit, batch, now)
+            else:
+                task = loop.create_task(self._rpc(batch, now))
+                self._rpc_tasks.add(task)
+
+    async def _rpc(self, keys: tuple[bytes, ...], sent_at: float) -> None:
+        """One awaited ``batch_is_exist`` call; its outcome goes to the core."""
+        started = time.perf_counter()
+        outcome: Sequence[int] | BaseException
+        try:
+            outcome = await self.store.batch_is_exist(keys)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)
+            if cancelling is None or cancelling():
+                raise  # we are being cancelled (aclose): it settles every caller
+            outcome = StoreError(f"store call was cancelled: {exc!r}")  # the store's own doing
+        except Exception as exc:
+            outcome = exc
+        finally:
+            self._stats.rpc_seconds.observe(time.perf_counter() - started)
+            task = asyncio.current_task()
+            if task is not None:
+                self._rpc_tasks.discard(task)
+        self._settle(keys, sent_at, outcome)
+
+    def _send(
+        self,
+        submit: Any,
+        keys: tuple[bytes, ...],
+        sent_at: float,
+    ) -> None:
+        """:meth:`_rpc` through a :class:`CallbackStore`: the answers fan out as soon as the
+        loop picks them up, one loop iteration before an awaiting task would resume."""
+        started = time.perf_counter()
+
+        def answered(outcome: list[int] | BaseException) -> None:
+            self._calls_in_flight -= 1
+            if self._closed:
+                self._core.rpcs_in_flight -= 1
+                return  # close settled every caller
+            self._stats.rpc_seconds.observe(time.perf_counter() - started)
+            self._settle(keys, sent_at, outcome)
+
+        then: Answer = answered
+        batch: Sequence[Key] = keys
+        self._calls_in_flight += 1
+        try:
+            submit(batch, then)
+        except Exception as exc:  # (closed meanwhile): a failed RPC, answered at once
+            answered(exc)
+
+    def _settle(
+        self, keys: tuple[bytes, ...], sent_at: float, outcome: Sequence[int] | BaseException
+    ) -> None:
+        self._core.settle_rpc(keys, sent_at, outcome, time.monotonic())
+        self._deliver()
+        assert self._wake is not None
+        self._wake.set()  # a slot is free: queued keys may go out
+
+    # ---------------------------------------------------------------------- observability
+    @property
+    def healthy(self) -> bool:
+        """False while the coordinator fails fast after store errors (and once closed); once
+        the pause is over it lets a probe RPC through and counts as healthy again."""
+        return not self._closed and not self._core.breaker.open(time.monotonic())
+
+    def stats(self) -> CoordinatorStats:
+        """A snapshot of counters and histograms (see :class:`CoordinatorStats`)."""
+        stats = self._stats
+        core = self._core
+        stats.pending_lookups = len(core.lookups)
+        stats.pending_keys = len(core.table.queued)
+        stats.rpcs_in_flight = core.rpcs_in_flight
+        stats.store_healthy = self.healthy
+        last_ok = core.breaker.last_ok
+        stats.last_rpc_ok_age = None if last_ok is None else time.monotonic() - last_ok
+        return stats.snapshot()
+
