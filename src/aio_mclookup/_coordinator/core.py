@@ -48,6 +48,8 @@ logger = logging.getLogger("aio_mclookup")
 _EAGER_KEYS = 4096
 """Plans up to this many keys build them all at once; except a lone full-attention group,
 which builds only the ranges its rounds probe (the caches answer most of its keys)."""
+_SCOUTS = 4
+"""Chunks a prefix-mode round may probe beyond its window (see :class:`ProbeState`)."""
 _NOTHING_CACHED: dict[bytes, float] = {}  # never written: a dict's get beats a proxy's
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
@@ -227,7 +229,7 @@ class CoordinatorCore:
         if plan.num_keys <= self.options.max_round_keys:
             return window
         per_chunk = len(plan.geometry.namespaces) * max(1, len(plan.groups))
-        cap = max(1, self.options.max_round_keys // per_chunk)
+        cap = max(1, self.options.max_round_keys // per_chunk - _SCOUTS)
         return cap if window is None or window > cap else window
 
     def _record_round(self, lookup: LookupState) -> None:

@@ -1,0 +1,236 @@
+"""The coordinator's sans-IO core, driven by hand: no event loop, no clock, no store.
+
+A test plays the shell: it begins lookups, takes the batches the core wants sent, answers
+them from a set of present keys, and reads what settled. Hits must equal what the plan
+resolves from the same store (the oracle of every coordinator test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from aio_mclookup import (
+    CoordinatorOptions,
+    FullAttention,
+    InternalError,
+    KVLayout,
+    SlidingWindow,
+    StoreError,
+)
+from aio_mclookup._coordinator.core import CoordinatorCore, LookupState
+from aio_mclookup._observe.stats import CoordinatorStats
+from aio_mclookup._plan.plan import LookupPlan
+
+FULL16 = KVLayout([FullAttention(16)], model="core-test", hash_block_size=16,
+                  scheduler_block_size=16)
+HYBRID = KVLayout(
+    [FullAttention(16), SlidingWindow(16, sliding_window=32)],
+    model="core-hybrid", hash_block_size=16, scheduler_block_size=64,
+)
+
+
+def chain(n: int, tag: bytes) -> list[bytes]:
+    return [tag + i.to_bytes(4, "big") + bytes(12) for i in range(n)]
+
+
+def core_of(**options: object) -> CoordinatorCore:
+    return CoordinatorCore(CoordinatorOptions(**options), CoordinatorStats())  # type: ignore[arg-type]
+
+
+def answer_all(core: CoordinatorCore, present: set[bytes], now: float = 0.0) -> list[list[bytes]]:
+    """Play the store until nothing is queued or in flight: every batch answered at once.
+    Returns the batches sent."""
+    sent: list[list[bytes]] = []
+    while True:
+        batches, retry_at = core.take_batches(now)
+        assert retry_at is None
+        if not batches:
+            assert not core.table.queued and core.rpcs_in_flight == 0
+            return sent
+        for batch in batches:
+            sent.append(list(batch))
+            core.settle_rpc(batch, now, [1 if k in present else 0 for k in batch], now)
+
+
+def expected(plan: LookupPlan, present: set[bytes]) -> int:
+    return plan.resolve([1 if k in present else 0 for k in plan.keys])
+
+
+def test_runs_without_an_event_loop() -> None:
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
+    core = core_of()
+    plan = FULL16.plan(128, chain(8, b"a"))
+    present = set(plan.keys[:5])
+    lookup = core.begin(plan, now=0.0)
+    answer_all(core, present)
+    assert core.settled == [lookup] and lookup.error is None
+    assert lookup.hit == expected(plan, present) == 80
+
+
+@pytest.mark.parametrize("cut", [0, 1, 3, 7, 8])
+@pytest.mark.parametrize("layout", [FULL16, HYBRID], ids=["full", "hybrid"])
+def test_hits_equal_the_plans_own_resolution(layout: KVLayout, cut: int) -> None:
+    hashes = chain(16, b"h")
+    plan = layout.plan(256, hashes)
+    present = set(plan.keys[: cut * len(plan.keys) // 8])
+    core = core_of(cache_ttl=None)
+    lookup = core.begin(plan, now=0.0)
+    answer_all(core, present)
+    assert lookup.done and lookup.hit == expected(plan, present)
+
+
+def test_concurrent_lookups_share_each_key_once() -> None:
+    core = core_of(cache_ttl=None)
+    hashes = chain(8, b"s")
+    plans = [FULL16.plan(128, hashes) for _ in range(3)]
+    present = set(plans[0].keys)
+    lookups = [core.begin(p, now=0.0) for p in plans]
+    sent = answer_all(core, present)
+    flat = [k for batch in sent for k in batch]
+    assert len(flat) == len(set(flat)) == 8  # every key once, for all three
+    assert all(lk.hit == 128 for lk in lookups)
+    assert core.stats.dedup_hits_total == 16
+
+
+def test_a_follower_takes_its_walkers_answers_instead_of_its_keys() -> None:
+    core = core_of(cache_ttl=5.0, probe_window=2)
+    doc = chain(8, b"w")
+    present = set(FULL16.plan(128, doc).keys)
+    walker = core.begin(FULL16.plan(128, doc), now=0.0)
+    batches, _ = core.take_batches(0.0)  # the walker's first round is in flight
+    follower = core.begin(FULL16.plan(128, doc), now=0.0)
+    assert walker.followers == [follower] and not follower.waiting
+    for batch in batches:
+        core.settle_rpc(batch, 0.0, [1 if k in present else 0 for k in batch], 0.0)
+    answer_all(core, present)
+    assert walker.hit == follower.hit == 128
+    assert core.stats.keys_sent_total == 8  # the follower sent none of its own
+
+
+def test_a_walker_failing_lets_its_followers_probe_by_themselves() -> None:
+    core = core_of(cache_ttl=5.0)
+    doc = chain(4, b"f")
+    present = set(FULL16.plan(64, doc).keys)
+    walker = core.begin(FULL16.plan(64, doc), now=0.0)
+    batches, _ = core.take_batches(0.0)
+    follower = core.begin(FULL16.plan(64, doc), now=0.0)
+    assert walker.followers == [follower]
+    core.fail(walker, InternalError("gone"))
+    core.finish(walker)
+    assert list(core._walkers.values()) == [follower]  # the walker now
+    assert follower.waiting  # its own round, joining the keys still in flight
+    for batch in batches:
+        core.settle_rpc(batch, 0.0, [1 if k in present else 0 for k in batch], 0.0)
+    answer_all(core, present)
+    assert follower.hit == 64 and follower.error is None
+
+
+def test_a_huge_round_does_not_hold_back_a_small_one() -> None:
+    core = core_of(cache_ttl=None, max_keys_per_rpc=8, max_rpcs_in_flight=1,
+                   max_round_keys=1_000_000)
+    big = core.begin(FULL16.plan(16 * 512, chain(512, b"big")), now=0.0)
+    small_plan = FULL16.plan(32, chain(2, b"small"))
+    small = core.begin(small_plan, now=0.0)
+    batches, _ = core.take_batches(0.0)
+    assert len(batches) == 1 and len(batches[0]) == 8
+    assert set(small_plan.keys) <= set(batches[0])  # its keys go in the first RPC
+    assert big.waiting and small.waiting
+
+
+def test_one_round_holds_at_most_max_round_keys() -> None:
+    core = core_of(cache_ttl=None, max_round_keys=100)
+    plan = FULL16.plan(16 * 1000, chain(1000, b"r"))
+    lookup = core.begin(plan, now=0.0)
+    assert 0 < len(lookup.round_keys) <= 100
+    present = set(plan.keys)
+    answer_all(core, present)
+    assert lookup.hit == expected(plan, present) == 16 * 1000
+
+
+def test_taking_is_linear_in_the_keys_taken() -> None:
+    """A dispatch moves at most its limit of keys and touches no others (the old dispatcher
+    copied the whole queue every time)."""
+    core = core_of(cache_ttl=None, max_keys_per_rpc=10, max_rpcs_in_flight=1)
+    core.begin(FULL16.plan(16 * 5000, chain(5000, b"lin")), now=0.0)
+    queued = len(core.table.queued)
+    batches, _ = core.take_batches(0.0)
+    assert [len(b) for b in batches] == [10]
+    assert len(core.table.queued) == queued - 10
+
+
+@pytest.mark.parametrize("on_error", ["raise", "absent"])
+def test_a_failed_rpc_opens_the_breaker_and_queued_keys_fail_fast(on_error: str) -> None:
+    core = core_of(cache_ttl=None, on_error=on_error, failure_backoff=1.0, max_keys_per_rpc=4,
+                   max_rpcs_in_flight=1)
+    first = core.begin(FULL16.plan(64, chain(4, b"x")), now=0.0)
+    batches, _ = core.take_batches(0.0)
+    second = core.begin(FULL16.plan(64, chain(4, b"y")), now=0.0)  # queued behind it
+    core.settle_rpc(batches[0], 0.0, StoreError("down", code=-900), now=0.1)
+    assert core.breaker.open(0.5)
+    batches, retry_at = core.take_batches(0.5)
+    assert batches == [] and retry_at == pytest.approx(1.1)
+    for lookup in (first, second):
+        assert lookup.done
+        if on_error == "raise":
+            assert isinstance(lookup.error, StoreError) and lookup.error.code == -900
+        else:
+            assert lookup.error is None and lookup.hit == 0
+    assert not core.breaker.open(1.2)  # half-open: one probe RPC may go
+    assert core.breaker.slots(2, 0) == 1
+
+
+def test_answers_of_the_wrong_length_fail_only_that_rpcs_lookups() -> None:
+    core = core_of(cache_ttl=None)
+    lookup = core.begin(FULL16.plan(64, chain(4, b"len")), now=0.0)
+    batches, _ = core.take_batches(0.0)
+    core.settle_rpc(batches[0], 0.0, [1], now=0.0)
+    assert isinstance(lookup.error, StoreError)
+
+
+def test_a_cancelled_lookups_queued_keys_are_forgotten() -> None:
+    core = core_of(cache_ttl=None, max_rpcs_in_flight=1, max_keys_per_rpc=4)
+    core.begin(FULL16.plan(64, chain(4, b"busy")), now=0.0)
+    core.take_batches(0.0)  # the only slot is busy
+    gone = core.begin(FULL16.plan(64, chain(4, b"gone")), now=0.0)
+    assert len(core.table.queued) == 4
+    core.fail(gone, asyncio.CancelledError())
+    core.finish(gone)
+    assert not core.table.queued and gone.ident not in core.lookups
+
+
+def test_positive_answers_are_reused_until_they_expire() -> None:
+    core = core_of(cache_ttl=5.0)
+    doc = chain(4, b"ttl")
+    present = set(FULL16.plan(64, doc).keys)
+    first = core.begin(FULL16.plan(64, doc), now=0.0)
+    answer_all(core, present, now=0.0)
+    core.finish(first)
+    again = core.begin(FULL16.plan(64, doc), now=1.0)
+    assert again.done and again.hit == 64  # from the caches: nothing queued
+    later = core.begin(FULL16.plan(64, doc), now=6.0)
+    assert not later.done and core.table.queued  # expired: probed again
+
+
+def _settled_hits(lookups: Sequence[LookupState]) -> list[int]:
+    return [lk.hit for lk in lookups]
+
+
+def test_many_lookups_random_stores_match_the_oracle() -> None:
+    rng = np.random.default_rng(7)
+    core = core_of(cache_ttl=None, max_keys_per_rpc=16, max_rpcs_in_flight=2, probe_window=2)
+    plans, present = [], set()
+    for i in range(40):
+        layout = FULL16 if i % 2 else HYBRID
+        n = int(rng.integers(1, 12))
+        plan = layout.plan(64 * (n // 4 + 1), chain(4 * (n // 4 + 1), b"r%d" % (i % 7)))
+        plans.append(plan)
+        cut = int(rng.integers(0, len(plan.keys) + 1))
+        present.update(plan.keys[:cut])
+    lookups = [core.begin(p, now=0.0) for p in plans]
+    answer_all(core, present)
+    assert _settled_hits(lookups) == [expected(p, present) for p in plans]
