@@ -28,6 +28,8 @@ class RequestHashes:
         self.items: Sequence[Any] | None = None
         self._duplicates: bool | None = None
         if isinstance(block_hashes, np.ndarray):
+            if type(block_hashes) is not np.ndarray:  # (np.matrix, memmap: read as arrays)
+                block_hashes = np.asarray(block_hashes)
             if block_hashes.ndim != 2 or block_hashes.dtype != np.uint8:
                 raise InvalidRequest(
                     "block_hashes as an array must be 2-D uint8 (one row per hash), got "
