@@ -90,6 +90,27 @@ def _find_master_binary() -> str:
     )
 
 
+def _isolated_python(program: str) -> list[str]:
+    """How to start ``program`` isolated from the caller's Python settings: a Python script
+    (the wheel's ``mooncake_master`` is one) runs under ``python -I`` (no ``PYTHONPATH``, no
+    user site, nothing imported from the working directory); a native binary as it is."""
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return []
+    return [sys.executable, "-I"] if first.startswith(b"#!") and b"python" in first else []
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP, or traced): it would ignore SIGTERM until resumed."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
+
+
 def _reap(children: list[subprocess.Popen[bytes]]) -> None:
     """Kill and reap children (also the last resort at garbage collection / interpreter exit)."""
     for proc in children:
@@ -293,6 +314,7 @@ class LocalMaster:
                     start_new_session=True,
                     preexec_fn=_make_preexec(os.getpid()),
                     close_fds=True,
+                    cwd=self._log_dir,  # (not the caller's directory: nothing to import there)
                 )
             except OSError as exc:
                 raise StoreError(f"cannot start {name} ({argv[0]}): {exc}") from exc
@@ -300,8 +322,10 @@ class LocalMaster:
         return proc
 
     def _master_argv(self) -> list[str]:
+        binary = self._binary or _find_master_binary()
         argv = [
-            self._binary or _find_master_binary(),
+            *_isolated_python(binary),
+            binary,
             f"--rpc_address={LOOPBACK}",
             f"--rpc_port={self.rpc_port}",
             f"--metrics_host={LOOPBACK}",
@@ -318,6 +342,7 @@ class LocalMaster:
     def _metadata_argv(self) -> list[str]:
         return [
             sys.executable,
+            "-I",  # isolated: no script directory, working directory or PYTHON* variables
             "-m",
             "mooncake.http_metadata_server",
             "--host",
@@ -390,7 +415,8 @@ class LocalMaster:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(sig)
         deadline = time.monotonic() + grace
-        while proc.poll() is None and time.monotonic() < deadline:
+        # A stopped child (SIGSTOP) cannot act on SIGTERM until resumed: no grace for it.
+        while proc.poll() is None and time.monotonic() < deadline and not _stopped(proc.pid):
             yield 0.02
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
