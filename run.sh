@@ -52,7 +52,8 @@ case "$command" in
         .venv/bin/python benchmarks/bench_knobs.py
         exec .venv/bin/python benchmarks/bench_loadgen.py ;;
     setup)
-        ensure_system_packages; ensure_venv ;;
+        ensure_system_packages; ensure_venv
+        echo "run.sh: ready; activate the virtualenv with: source .venv/bin/activate (or run .venv/bin/python, .venv/bin/aio-mclookup)" >&2 ;;
     *)
         echo "usage: bash run.sh {loadgen|test|bench|setup} [args...]" >&2
         exit 2 ;;

@@ -30,8 +30,9 @@ else:  # run as a script
     from bench_coalesce import Scenario, build  # type: ignore[import-not-found,no-redef]
 
 from aio_mclookup import LocalMaster, LookupCoordinator, MooncakeStore, StoreWriter
-from aio_mclookup._loadgen import LoadgenConfig, RunResult, _drive, _Progress
-from aio_mclookup._workload import WorkloadSpec, preset_layout
+from aio_mclookup._loadgen.results import LoadgenConfig, RunResult
+from aio_mclookup._loadgen.run import Progress, drive
+from aio_mclookup._loadgen.workload import WorkloadSpec, preset_layout
 
 SECTION = "bench_knobs"
 DEFAULTS: dict[str, Any] = {
@@ -57,7 +58,7 @@ async def one_run(store: MooncakeStore, sc: Scenario, requests: list[Any], cfg: 
         return await coordinator.lookup(req.token_len, req.hashes)
 
     async with coordinator:
-        await _drive(requests, lookup, result, cfg, asyncio.Event(), _Progress(sys.stderr, False))
+        await drive(requests, lookup, result, cfg, asyncio.Event(), Progress(sys.stderr, False))
         stats = coordinator.stats()
     result.rpcs, result.keys_sent = stats.rpcs_total, stats.keys_sent_total
     if result.error_count:

@@ -26,6 +26,13 @@ parentheses).
 
 Usage: ``python benchmarks/bench_plan.py [--quick] [--processes N] [--no-write]``. It rewrites
 its own section of ``docs/benchmarks.md``.
+
+``--vllm 0.33`` runs the same workloads with vLLM 0.33 layouts (``"vllm_version": "0.33.0"``,
+the request's ``num_tokens`` = token_len + 1, unaligned) against
+``aio_mclookup._reference.v033.BaselineLookupV033``, the slow port of vLLM 0.33.0's lookup
+written from its specification (validated on every public 0.33 and 0.32 conformance case); ours
+is ``layout.plan(num_tokens, hashes)`` + ``plan.keys`` + ``plan.resolve_result(answers)``. It
+writes its own section (``bench_plan_v033``).
 """
 
 from __future__ import annotations
@@ -48,13 +55,17 @@ else:  # run as a script
     import _timing  # type: ignore[no-redef,import-not-found]
 
 from aio_mclookup import KVLayout
+from aio_mclookup._loadgen.workload import PRESETS
 from aio_mclookup._reference.v026 import BaselineLookup
-from aio_mclookup._workload import PRESETS
+from aio_mclookup._reference.v033 import BaselineLookupV033
 
 SECTION = "bench_plan"
+SECTION_V033 = "bench_plan_v033"
 SCRIPT = Path(__file__).resolve()
 
-DSV4 = PRESETS["dsv4"]  # full 256, SWA 64/W128, SWA 4/W8, SWA 8/W128; h=4, L=256
+# full 256, SWA 64/W128, SWA 4/W8, SWA 8/W128; h=4, L=256 (these workloads are vLLM 0.26's:
+# layouts default to the latest release)
+DSV4 = dict(PRESETS["dsv4"], vllm_version="0.26.0")
 WORKLOADS: dict[str, dict[str, Any]] = {
     "W1": {
         "title": "W1 single full B=16, h=L=16, 4,096 tok",
@@ -63,6 +74,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
             "hash_block_size": 16,
             "scheduler_block_size": 16,
             "groups": [{"kind": "full_attention", "block_size": 16}],
+            "vllm_version": "0.26.0",
         },
         "token_len": 4096,
         "warmup": 5,
@@ -87,6 +99,15 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
 }
 CONTENDERS = ("reference", "ours_list", "ours_array")
+V033 = "0.33"
+"""``--vllm 0.33``: the same workloads on vLLM 0.33 layouts, against the 0.33 oracle."""
+
+
+def workload_config(name: str, vllm: str) -> dict[str, Any]:
+    cfg: dict[str, Any] = dict(WORKLOADS[name]["config"])
+    if vllm == V033:
+        cfg["vllm_version"] = "0.33.0"
+    return cfg
 HASH_WIDTH = 32
 
 
@@ -106,9 +127,9 @@ def prefix_answers(layout: KVLayout, token_len: int, hashes: Any) -> list[int]:
     plan = layout.plan(token_len, hashes)
     h = layout.hash_block_size
     cutoff = token_len // 2 // h
-    k = len(layout.namespaces)
     parts = []
     for probe in plan.groups:
+        k = len(layout.key_prefixes[probe.group_id])
         stride = layout.groups[probe.group_id].block_size // h
         units = probe.chunks * stride + (stride - 1)
         parts.append(np.repeat(units < cutoff, k))
@@ -165,18 +186,74 @@ def verify(
     return {"keys": len(ref_keys), "hashes": len(hashes), "hit": want}
 
 
-def worker(names: list[str], quick: bool, interleave: bool) -> dict[str, Any]:
+def contenders_v033(
+    layout: KVLayout,
+    ref: BaselineLookupV033,
+    num_tokens: int,
+    hashes: list[bytes],
+    rows: np.ndarray,
+    answers: list[int],
+) -> dict[str, Callable[[Callable[[], None]], Any]]:
+    def reference(mark: Callable[[], None]) -> None:
+        _keys, meta = ref.build_keys(num_tokens, hashes)
+        mark()
+        ref.resolve(num_tokens, hashes, meta, answers)
+        mark()
+
+    def ours(block_hashes: Any) -> Callable[[Callable[[], None]], None]:
+        def call(mark: Callable[[], None]) -> None:
+            plan = layout.plan(num_tokens, block_hashes)
+            plan.keys  # noqa: B018 - assembling the keys is part of the work
+            mark()
+            plan.resolve_result(answers)
+            mark()
+
+        return call
+
+    return {"reference": reference, "ours_list": ours(hashes), "ours_array": ours(rows)}
+
+
+def verify_v033(
+    layout: KVLayout,
+    ref: BaselineLookupV033,
+    num_tokens: int,
+    hashes: list[bytes],
+    rows: np.ndarray,
+    answers: list[int],
+) -> dict[str, int]:
+    """Both sides build the same keys and find the same result, a hit of token_len / 2."""
+    ref_keys, meta = ref.build_keys(num_tokens, hashes)
+    want = ref.resolve(num_tokens, hashes, meta, answers)
+    if want.hit_length != (num_tokens - 1) // 2:
+        raise SystemExit(f"the reference hit {want.hit_length} is not token_len / 2")
+    for form in (hashes, rows):
+        plan = layout.plan(num_tokens, form)
+        if [k.decode() for k in plan.keys] != ref_keys:
+            raise SystemExit("keys differ from the reference")
+        if plan.resolve_result(answers).to_bytes() != want.to_bytes():
+            raise SystemExit("our result differs from the reference")
+    return {"keys": len(ref_keys), "hashes": len(hashes), "hit": want.hit_length}
+
+
+def worker(names: list[str], quick: bool, interleave: bool, vllm: str = "0.26") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         wl = WORKLOADS[name]
-        cfg, token_len = wl["config"], wl["token_len"]
+        cfg, token_len = workload_config(name, vllm), wl["token_len"]
         layout = KVLayout.from_dict(cfg)
-        ref = BaselineLookup(cfg)
         hashes, rows = make_hashes(name, token_len // cfg["hash_block_size"])
-        answers = prefix_answers(layout, token_len, hashes)
-        facts = verify(layout, ref, token_len, hashes, rows, answers)
         warmup, runs = (1, 3) if quick else (wl["warmup"], wl["runs"])
-        calls = contenders(layout, ref, token_len, hashes, rows, answers)
+        if vllm == V033:
+            num_tokens = token_len + 1  # what vLLM 0.33's scheduler sends: unaligned
+            ref33 = BaselineLookupV033(cfg)
+            answers = prefix_answers(layout, num_tokens, hashes)
+            facts = verify_v033(layout, ref33, num_tokens, hashes, rows, answers)
+            calls = contenders_v033(layout, ref33, num_tokens, hashes, rows, answers)
+        else:
+            ref = BaselineLookup(cfg)
+            answers = prefix_answers(layout, token_len, hashes)
+            facts = verify(layout, ref, token_len, hashes, rows, answers)
+            calls = contenders(layout, ref, token_len, hashes, rows, answers)
         if interleave:
             timings = _timing.time_interleaved(calls, warmup=warmup, runs=runs)
         else:
@@ -203,7 +280,12 @@ def _cell(values: list[float]) -> str:
 
 
 def report(
-    results: list[dict[str, Any]], names: list[str], command: str, elapsed: float, interleave: bool
+    results: list[dict[str, Any]],
+    names: list[str],
+    command: str,
+    elapsed: float,
+    interleave: bool,
+    vllm: str = "0.26",
 ) -> str:
     m = _timing.machine()
     first = results[0]
@@ -215,6 +297,8 @@ def report(
         ref = statistics.median(per_process(name, "reference", phase))
         return ref / statistics.median(per_process(name, who, phase))
 
+    if vllm == V033:
+        return report_v033(results, names, command, elapsed, per_process, ratio)
     lines = [
         "## Planning (bench_plan)",
         "",
@@ -279,6 +363,68 @@ def report(
     return "\n".join(lines)
 
 
+def report_v033(
+    results: list[dict[str, Any]],
+    names: list[str],
+    command: str,
+    elapsed: float,
+    per_process: Callable[[str, str, str], list[float]],
+    ratio: Callable[..., float],
+) -> str:
+    m = _timing.machine()
+    first = results[0]
+    lines = [
+        "## Planning, vLLM 0.33 (bench_plan --vllm 0.33)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {m['nproc']} vCPU {m['cpu']} ({m['os']}), "
+        f"{m['python']}, numpy {m['numpy']}. Command: `{command}` ({elapsed:.0f} s).",
+        "",
+        "The workloads of the section above on vLLM 0.33 layouts (`\"vllm_version\": "
+        "\"0.33.0\"`), each request's `num_tokens` one more than the aligned length (as vLLM "
+        "0.33's scheduler sends it). **Reference**: "
+        "`aio_mclookup._reference.v033.BaselineLookupV033`, a faithful, unoptimised port of "
+        "vLLM 0.33.0's worker lookup written from its specification (`build_keys` + "
+        "`resolve`), hashes as `list[bytes]`. **Ours**: `layout.plan(num_tokens, hashes)` + "
+        "`plan.keys` + `plan.resolve_result(answers)` (hit and tail-key boundaries), on the "
+        "same `list[bytes]` and on a 2-D `uint8` array. Same store answers (a 50 % prefix) and "
+        "method as above; every process checked that both sides build the same keys and the "
+        "same result (wire bytes) before timing; "
+        + ", ".join(f"{n} {first[n]['warmup']} warm-up + {first[n]['runs']} timed" for n in names)
+        + f" calls, {len(results)} processes. Times in ms; x is the reference's median over ours.",
+        "",
+        "| workload | hashes | keys | hit | reference (vLLM 0.33 port) | ours, list[bytes] | x "
+        "| ours, 2-D uint8 | x |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        facts = first[name]["facts"]
+        lines.append(
+            f"| {WORKLOADS[name]['title']} | {facts['hashes']:,} | {facts['keys']:,} "
+            f"| {facts['hit']:,} | {_cell(per_process(name, 'reference', 'total'))} "
+            f"| {_cell(per_process(name, 'ours_list', 'total'))} "
+            f"| {ratio(name, 'ours_list'):.1f} "
+            f"| {_cell(per_process(name, 'ours_array', 'total'))} "
+            f"| {ratio(name, 'ours_array'):.1f} |"
+        )
+    lines += [
+        "",
+        "| workload | phase | reference | ours, list[bytes] | x | ours, 2-D uint8 | x |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for phase in ("keys", "resolve"):
+            cells = {
+                who: statistics.median(per_process(name, who, phase)) for who in CONTENDERS
+            }
+            lines.append(
+                f"| {name} | {phase} | {_timing.fmt_ms(cells['reference'])} "
+                f"| {_timing.fmt_ms(cells['ours_list'])} | {ratio(name, 'ours_list', phase):.1f} "
+                f"| {_timing.fmt_ms(cells['ours_array'])} "
+                f"| {ratio(name, 'ours_array', phase):.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -291,11 +437,14 @@ def main() -> int:
                         help="take turns call by call instead of timing each contender's calls "
                         "in a block (each call then starts with caches the other one filled)")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--vllm", choices=("0.26", V033), default="0.26",
+                        help="whose lookup rules: 0.26 (default) or 0.33, against that "
+                        "release's oracle (its own section of docs/benchmarks.md)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = args.only or list(WORKLOADS)
     if args.worker:
-        print(json.dumps(worker(names, args.quick, args.interleave)))
+        print(json.dumps(worker(names, args.quick, args.interleave, args.vllm)))
         return 0
     processes = args.processes or (1 if args.quick else 3)
     worker_args = ["--worker", *(f"--only={n}" for n in names)]
@@ -303,16 +452,18 @@ def main() -> int:
         worker_args.append("--quick")
     if args.interleave:
         worker_args.append("--interleave")
+    if args.vllm != "0.26":
+        worker_args.append(f"--vllm={args.vllm}")
     started = time.perf_counter()
     results = _timing.run_processes(SCRIPT, worker_args, processes)
     elapsed = time.perf_counter() - started
     command = "python benchmarks/bench_plan.py" + "".join(
         f" {a}" for a in sys.argv[1:] if a != "--no-write"
     )
-    text = report(results, names, command, elapsed, args.interleave)
+    text = report(results, names, command, elapsed, args.interleave, args.vllm)
     print(text)
     if not (args.no_write or args.quick):
-        _timing.write_section(SECTION, text)
+        _timing.write_section(SECTION_V033 if args.vllm == V033 else SECTION, text)
     return 0
 
 

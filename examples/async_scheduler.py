@@ -1,8 +1,9 @@
 """An async scheduler that asks aio-mclookup how much of each prompt is already cached.
 
-Run it (needs the Mooncake wheel, e.g. ``pip install 'aio-mclookup[cpu]'``)::
+Run it from the repository root (``bash run.sh setup`` first installs the package and the
+Mooncake wheel into ``.venv``)::
 
-    python examples/async_scheduler.py
+    .venv/bin/python examples/async_scheduler.py
 
 What it does, everything on 127.0.0.1 and in a few seconds:
 
@@ -17,7 +18,9 @@ What it does, everything on 127.0.0.1 and in a few seconds:
    way (all keys of one request in one ``batch_is_exist``, then ``plan.resolve``), and ends with
    a machine-checkable line ``hits: [...]``.
 
-The layout is DeepSeek-V4-like: full attention with 256-token blocks plus three sliding-window
+The layout names vLLM 0.26, whose scheduler aligns, looks up and leaves one token itself
+(``coordinator.lookup_request(num_tokens, hashes)`` does all three, for any release). It is
+DeepSeek-V4-like: full attention with 256-token blocks plus three sliding-window
 groups, 4-token hash blocks, 256-token scheduler blocks, TP 4 with MLA (one KV head, so every TP
 rank writes the same ``tp_rank:0`` keys and there is one key namespace).
 """
@@ -41,6 +44,7 @@ LAYOUT = mcl.KVLayout.from_dict(
         "scheduler_block_size": 256,
         "tp_size": 4,
         "num_kv_heads": 1,
+        "vllm_version": "0.26",
         "groups": [
             {"kind": "full_attention", "block_size": 256},
             {"kind": "sliding_window", "block_size": 64, "sliding_window": 128},

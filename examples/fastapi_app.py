@@ -1,9 +1,12 @@
 """aio-mclookup behind FastAPI: prefix-hit lookups over HTTP, coalesced into shared RPCs.
 
-Run it (``pip install 'aio-mclookup[fastapi,cpu]' uvicorn``)::
+Run it (from a clone: ``pip install -e '.[fastapi,cpu]' 'uvicorn[standard]'``)::
 
     AIO_MCLOOKUP_LAYOUT=examples/layouts/single_full_attention.json \\
-        uvicorn fastapi_app:app --app-dir examples
+        uvicorn fastapi_app:app --app-dir examples --host 127.0.0.1 --no-access-log
+
+(``uvicorn[standard]`` brings httptools and uvloop, which uvicorn then picks by itself; the
+access log costs a few percent per request.)
 
 Environment:
 
@@ -13,9 +16,16 @@ Environment:
   ``http://host:8080/metadata``): the Mooncake deployment. With no master given, the app starts
   a ``LocalMaster`` (a loopback ``mooncake_master`` and metadata server) for itself.
 * ``AIO_MCLOOKUP_TIMEOUT``: seconds one lookup may take (default 5).
+* ``AIO_MCLOOKUP_HASH_ALGO`` (default ``sha256``) and ``AIO_MCLOOKUP_HASH_SEED`` (the engines'
+  ``PYTHONHASHSEED``; default unset): how token-id bodies are hashed, with the layout's
+  ``hash_block_size`` and ``vllm_version``. They must match the vLLM engines'
+  (``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``); a configuration whose hashes cannot
+  be reproduced (e.g. ``xxhash`` with no seed) refuses to start and says what to set; with
+  neither variable set, such a layout (vLLM 0.26-0.28 with no seed) serves block-hash bodies
+  only.
 
-Routes: ``POST /v1/lookup``, ``POST /v1/lookup/batch``, ``GET /healthz``, ``GET /metrics``;
-the OpenAPI docs are at ``/docs``.
+Routes: ``POST /v1/lookup``, ``POST /v1/lookup/batch``, ``GET /v1/layout``, ``GET /healthz``,
+``GET /metrics``; the OpenAPI docs are at ``/docs``.
 """
 
 from __future__ import annotations
@@ -30,9 +40,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from aio_mclookup import KVLayout
-from aio_mclookup import LocalMaster
-from aio_mclookup.fastapi import coordinator_lifespan, create_router
+from aio_mclookup import BlockHasher, InvalidRequest, KVLayout, LocalMaster
+from aio_mclookup.fastapi import (
+    HASHER_KEY,
+    LookupFastPath,
+    coordinator_lifespan,
+    create_router,
+)
 
 log = logging.getLogger("uvicorn.error")  # shown by uvicorn with its own lines
 
@@ -51,10 +65,33 @@ def load_layout() -> KVLayout:
         raise RuntimeError(f"AIO_MCLOOKUP_LAYOUT={path}: {exc}") from exc
 
 
+def load_hasher(layout: KVLayout) -> BlockHasher | None:
+    """The hasher of token-id bodies: ``AIO_MCLOOKUP_HASH_ALGO`` and ``AIO_MCLOOKUP_HASH_SEED``,
+    with the layout's ``hash_block_size`` and ``vllm_version`` (a contract).
+
+    A configuration whose hashes cannot be reproduced refuses to start when either variable is
+    set; with neither set, the app serves block-hash bodies only and says why."""
+    algo = os.environ.get("AIO_MCLOOKUP_HASH_ALGO")
+    seed = os.environ.get("AIO_MCLOOKUP_HASH_SEED")  # unset: the engines run without one
+    try:
+        return BlockHasher(
+            layout.hash_block_size,
+            algo=algo or "sha256",
+            seed=seed,
+            vllm_version=layout.vllm_version,
+        )
+    except InvalidRequest as exc:
+        if algo is None and seed is None:
+            log.warning("token-id bodies are off: %s", exc)
+            return None
+        raise RuntimeError(f"AIO_MCLOOKUP_HASH_ALGO={algo or 'sha256'!r}: {exc}") from exc
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-    """Load the layout, find (or start) a master, then run the coordinator."""
+    """Load the layout and the hasher, find (or start) a master, then run the coordinator."""
     layout = load_layout()
+    hasher = load_hasher(layout)
     timeout = float(os.environ.get("AIO_MCLOOKUP_TIMEOUT", "5"))
     async with contextlib.AsyncExitStack() as stack:
         master = os.environ.get("MOONCAKE_MASTER")
@@ -70,13 +107,25 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
                 layout, master_address=master, metadata_server=metadata, timeout=timeout
             )(app)
         )
-        log.info("aio-mclookup serving %s against %s", layout.model, master)
-        yield state
+        log.info(
+            "aio-mclookup serving %s (vLLM %s rules, token ids hashed with %s) against %s",
+            layout.model,
+            layout.vllm_version,
+            hasher.algo if hasher is not None else "nothing",
+            master,
+        )
+        yield {**state, HASHER_KEY: hasher}  # the router hashes token-id bodies with it
 
 
-app = FastAPI(
+api = FastAPI(
     title="aio-mclookup",
     description="Prefix-hit lookups against the Mooncake KV-cache store.",
     lifespan=lifespan,
 )
-app.include_router(create_router())
+router = create_router()  # its hasher: the one the lifespan publishes
+api.include_router(router)
+# What uvicorn serves: POST /v1/lookup(/batch) answered before FastAPI's middleware and routing
+# (the same answers); everything else goes to the FastAPI app. Give authentication
+# dependencies to create_router(dependencies=...) (the fast path then steps aside), never to
+# include_router.
+app = LookupFastPath(api, router=router)

@@ -22,17 +22,17 @@ import pytest
 
 from aio_mclookup._cli import main
 from aio_mclookup._layout.layout import KVLayout
-from aio_mclookup._loadgen import (
+from aio_mclookup._loadgen.report import format_summary
+from aio_mclookup._loadgen.results import (
     COORDINATOR,
     NAIVE,
     LoadgenConfig,
     LoadgenReport,
     RunResult,
-    _compare_hits,
-    format_summary,
 )
+from aio_mclookup._loadgen.run import compare_hits
+from aio_mclookup._loadgen.workload import PRESETS, WorkloadSpec, build_workload, preset_layout
 from aio_mclookup._local.master import LocalMaster
-from aio_mclookup._workload import PRESETS, WorkloadSpec, build_workload, preset_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,13 +188,13 @@ def test_hit_mismatch_is_reported_and_counted() -> None:
     layout = preset_layout("chat")
     cfg = LoadgenConfig(layout, "preset chat", WorkloadSpec(sessions=3), concurrency=(4,))
     report = LoadgenReport(cfg, runs=[_run(COORDINATOR, [16, 32, 0]), _run(NAIVE, [16, 48, 0])])
-    _compare_hits(report)
+    compare_hits(report)
     assert (report.compared, report.mismatches) == (3, 1)
     text = format_summary(report)
     assert "hits: MISMATCH in 1 of 3 compared lookups" in text
     assert report.to_dict()["hits_check"]["equal"] is False
     report.runs[1].hits = [16, 32, 0]
-    _compare_hits(report)
+    compare_hits(report)
     assert "hits: identical across coordinator and seed-naive runs" in format_summary(report)
 
 
@@ -339,3 +339,110 @@ def test_sigint_stops_cleanly_and_prints_what_was_measured() -> None:
     assert "interrupted: the table shows what was measured before Ctrl-C" in out
     row = next(line for line in out.splitlines() if line.startswith(COORDINATOR))
     assert "(interrupted)" in row and int(row.split()[2].replace(",", "")) > 0
+
+
+# ------------------------------------------------------------------ --report: checked up front
+def _no_load(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Make running a load an error, and record attempts (the pre-checks must stop first)."""
+    import aio_mclookup._loadgen.run as loadgen
+
+    attempts: list[object] = []
+
+    async def refuse(cfg: object, **kwargs: object) -> None:
+        attempts.append(cfg)
+        raise AssertionError("the load ran")
+
+    monkeypatch.setattr(loadgen, "run_loadgen", refuse)
+    return attempts
+
+
+def test_report_without_matplotlib_fails_before_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    attempts = _no_load(monkeypatch)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what a missing package does
+    out_png = tmp_path / "out.png"
+    started = time.perf_counter()
+    assert main(["loadgen", "--report", str(out_png), "--no-progress"]) == 2
+    assert time.perf_counter() - started < 5.0
+    err = capsys.readouterr().err
+    assert "error: --report needs matplotlib, which is not installed" in err
+    assert "pip install -e '.[report]'" in err
+    assert attempts == [] and not out_png.exists()
+
+
+def test_report_into_a_missing_directory_fails_before_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    attempts = _no_load(monkeypatch)
+    target = tmp_path / "nowhere" / "out.png"
+    assert main(["loadgen", "--report", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --report: the directory {target.parent} does not exist" in err
+    assert attempts == []
+
+
+def test_write_png_without_matplotlib_says_why() -> None:
+    import aio_mclookup._loadgen.report as loadgen
+
+    cfg = LoadgenConfig(
+        layout=preset_layout("chat"),
+        layout_source="preset chat",
+        spec=WorkloadSpec.for_layout(preset_layout("chat"), sessions=3),
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "matplotlib", None)
+        assert loadgen.report_unavailable("x.png") == loadgen.REPORT_NEEDS
+        skipped = loadgen.write_png(LoadgenReport(cfg, runs=[_run(COORDINATOR, [16])]), "x.png")
+    assert skipped is not None and skipped.startswith(loadgen.REPORT_NEEDS)
+    assert not Path("x.png").exists()
+
+
+def test_png_has_latency_throughput_and_per_lookup_work_panels(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import aio_mclookup._loadgen.report as loadgen
+
+    layout = preset_layout("chat")
+    cfg = LoadgenConfig(
+        layout=layout, layout_source="preset chat", spec=WorkloadSpec.for_layout(layout, sessions=3)
+    )
+    runs = []
+    for conc, rpcs, keys in ((1, 1.0, 77.0), (16, 0.58, 51.4), (64, 0.159, 51.4)):
+        for mode, r, k in ((COORDINATOR, rpcs, keys), (NAIVE, 1.0, 181.0)):
+            run = _run(mode, [16] * 100)
+            run.concurrency = conc
+            run.rpcs, run.keys_sent = round(r * 100), round(k * 100)
+            runs.append(run)
+    report = LoadgenReport(cfg, runs=runs)
+    figures: list[Any] = []
+    real_close = plt.close
+    # Keep the figure to inspect it (write_png closes it).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt, "close", lambda fig=None: figures.append(fig))
+        assert loadgen.write_png(report, str(tmp_path / "r.png")) is None
+    fig = figures[0]
+    try:
+        assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        ax_lat, ax_tput, ax_work = fig.axes
+        assert "Latency" in ax_lat.get_title() and "Throughput" in ax_tput.get_title()
+        assert "RPCs" in ax_work.get_title() and "keys" in ax_work.get_title()
+        # Every run has its CDF; the legend sits below the axes, so it covers no curve.
+        assert len(ax_lat.get_lines()) == len(runs)
+        legend = ax_lat.get_legend()
+        fig.canvas.draw()
+        box = legend.get_window_extent()
+        assert box.y1 <= ax_lat.get_window_extent().y0
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert "coordinator c=1" in labels and "seed-naive c=1" in labels
+        # The per-lookup panel plots what the runs measured.
+        lines = {line.get_label(): line for line in ax_work.get_lines()}
+        assert list(lines["RPCs, coordinator"].get_ydata()) == pytest.approx([1.0, 0.58, 0.16])
+        assert list(lines["keys, seed-naive"].get_ydata()) == pytest.approx([181.0] * 3)
+        assert list(lines["keys, coordinator"].get_xdata()) == [1, 16, 64]
+    finally:
+        real_close(fig)

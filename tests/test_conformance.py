@@ -1,4 +1,5 @@
-"""Every public conformance case (real vLLM 0.26.0 input -> output) through the public API.
+"""Every public vLLM 0.26 conformance case (real vLLM 0.26.0 input -> output) through the
+public API (the layouts say ``"vllm_version": "0.26.0"``, as check.py adds).
 
 Each case runs exactly as ``/work/shared/conformance/check.py`` runs it:
 ``KVLayout.from_dict(config)`` -> ``layout.plan(token_len, hashes)`` -> ``plan.keys`` (ASCII
@@ -24,6 +25,8 @@ CASES_FILE = Path(__file__).resolve().parent / "data" / "conformance_public.json
 CASES: list[dict[str, Any]] = [
     json.loads(line) for line in CASES_FILE.read_text().splitlines() if line.strip()
 ]
+for _case in CASES:  # vLLM 0.26 cases (layouts default to the latest release)
+    _case["config"] = dict(_case["config"], vllm_version="0.26.0")
 IDS = [case["id"] for case in CASES]
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import chain
 
 import aio_mclookup as mcl
 from aio_mclookup import FakeStore, FullAttention, KVLayout, LookupCoordinator, Overloaded
+from helpers import chain
 
 FULL16 = KVLayout([FullAttention(16)], model="hostile", hash_block_size=16, scheduler_block_size=16)
 

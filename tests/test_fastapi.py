@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
 import re
 import signal
@@ -26,7 +27,7 @@ pytest.importorskip("fastapi")
 import httpx
 from fastapi import FastAPI
 
-from aio_mclookup import FakeStore, FullAttention, KVLayout, LookupCoordinator
+from aio_mclookup import BlockHasher, FakeStore, FullAttention, KVLayout, LookupCoordinator
 from aio_mclookup.fastapi import (
     STATE_KEY,
     coordinator_lifespan,
@@ -39,8 +40,14 @@ EXAMPLES = ROOT / "examples"
 EXAMPLE_LAYOUT = EXAMPLES / "layouts" / "single_full_attention.json"
 
 # Full attention, 16-token blocks, scheduler block 32: hits are multiples of 16, token_len of 32.
+# vLLM 0.26's rules: token_len is the aligned length and its hit is the plain prefix hit (the
+# 0.33 rules, where the lookup itself leaves one token to compute, are tested with token ids).
 LAYOUT = KVLayout(
-    [FullAttention(16)], model="org/toy-model", hash_block_size=16, scheduler_block_size=32
+    [FullAttention(16)],
+    model="org/toy-model",
+    hash_block_size=16,
+    scheduler_block_size=32,
+    vllm_version="0.26.0",
 )
 
 
@@ -134,7 +141,12 @@ async def test_concurrent_requests_share_rpcs() -> None:
         ({"token_len": 48, "block_hashes": ["ab"] * 3}, ["body", "token_len"]),
         ({"token_len": -32, "block_hashes": []}, ["body", "token_len"]),
         ({"token_len": "many", "block_hashes": []}, ["body", "token_len"]),
-        ({"block_hashes": []}, ["body", "token_len"]),
+        ({"block_hashes": []}, ["body", "num_tokens"]),
+        ({"token_len": 32, "num_tokens": 32, "block_hashes": []}, ["body", "num_tokens"]),
+        ({"num_tokens": 1.5, "block_hashes": []}, ["body", "num_tokens"]),
+        ({"token_len": True, "block_hashes": []}, ["body", "token_len"]),
+        ({"token_len": 32, "block_hashes": "ab"}, ["body", "block_hashes"]),
+        ({"token_len": 32, "block_hashes": ["ab"], "cache_salt": "x"}, ["body", "cache_salt"]),
         ({"token_len": 32, "block_hashes": ["ab", "xyz1"]}, ["body", "block_hashes", 1]),
         ({"token_len": 32, "block_hashes": ["ab", "abc"]}, ["body", "block_hashes", 1]),
         ({"token_len": 32, "block_hashes": ["", "ab"]}, ["body", "block_hashes", 0]),
@@ -359,25 +371,46 @@ async def test_openapi_documents_routes_bodies_and_errors() -> None:
         assert {"200", "413", "422", "429", "503"} <= set(op["responses"])
         for code in ("413", "422", "429", "503"):
             assert op["responses"][code]["description"]
-        assert "$ref" in op["requestBody"]["content"]["application/json"]["schema"]
+        content = op["requestBody"]["content"]
+        assert content["application/json"]["schema"]["title"] in (
+            "LookupRequest",
+            "BatchLookupRequest",
+        )
     assert "503" in paths["/healthz"]["get"]["responses"]
     assert (
         "text/plain; version=0.0.4; charset=utf-8"
         in (paths["/metrics"]["get"]["responses"]["200"]["content"])
     )
-    components = schema["components"]["schemas"]
-    request = components["LookupRequest"]
+    body = paths["/v1/lookup"]["post"]["requestBody"]["content"]
+    assert body["application/octet-stream"]["schema"]["format"] == "binary"
+    assert "u32 big-endian" in body["application/octet-stream"]["schema"]["description"]
+    request = body["application/json"]["schema"]
     assert set(request["properties"]) == {
+        "num_tokens",
         "token_len",
         "block_hashes",
         "block_hashes_b64",
         "hash_len",
+        "token_ids",
+        "lora_name",
+        "lora_path",
+        "cache_salt",
+        "mm_features",
     }
     assert all(p.get("description") for p in request["properties"].values())
-    assert request["examples"] and components["BatchLookupRequest"]["examples"]
-    assert {"ErrorResponse", "ValidationErrorResponse", "LookupResponse", "HealthResponse"} <= set(
-        components
-    )
+    assert request["examples"] and request["additionalProperties"] is False
+    batch = paths["/v1/lookup/batch"]["post"]["requestBody"]["content"]["application/json"]
+    items = batch["schema"]["properties"]["requests"]["items"]
+    assert items["title"] == "LookupRequest" and "$ref" not in json.dumps(items)
+    assert "/v1/layout" in paths
+    components = schema["components"]["schemas"]
+    assert {
+        "ErrorResponse",
+        "ValidationErrorResponse",
+        "LookupResponse",
+        "HealthResponse",
+        "LayoutResponse",
+    } <= set(components)
 
 
 def test_example_refuses_to_start_without_a_layout() -> None:
@@ -443,7 +476,11 @@ EXAMPLE_MODEL = "Qwen3-8B"  # examples/layouts/single_full_attention.json: 16-to
 
 def real_app(store: Any, router: dict[str, Any] | None = None, **options: Any) -> FastAPI:
     layout = KVLayout(
-        [FullAttention(16)], model="Qwen/Qwen3-8B", hash_block_size=16, scheduler_block_size=16
+        [FullAttention(16)],
+        model="Qwen/Qwen3-8B",
+        hash_block_size=16,
+        scheduler_block_size=16,
+        vllm_version="0.26.0",
     )
     return create_app(layout, store, own_store=False, router_options=router, **options)
 
@@ -526,9 +563,14 @@ async def test_http_overload_and_timeout_against_real_master(mooncake_store: Any
 async def test_example_app_serves_hits_from_a_real_master(
     local_master: Any, store_writer: Any, tmp_path: Path
 ) -> None:
-    """The documented command, ``uvicorn fastapi_app:app --app-dir examples``, end to end."""
+    """The documented command, ``uvicorn fastapi_app:app --app-dir examples --host 127.0.0.1
+    --no-access-log``, end to end: hashes, and token ids hashed as the environment says."""
     hashes = prompt(4)
     await store_writer.put_keys([vllm_key(EXAMPLE_MODEL, h) for h in hashes[:2]])
+    layout = KVLayout.from_dict(json.loads(EXAMPLE_LAYOUT.read_text()))
+    hasher = BlockHasher(16, algo="sha256_cbor", seed="1234", vllm_version=layout.vllm_version)
+    ids = list(range(500, 580))  # 5 blocks of 16; the first 3 stored
+    await store_writer.put_keys([vllm_key(EXAMPLE_MODEL, bytes(h)) for h in hasher.hash(ids)[:3]])
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -537,9 +579,11 @@ async def test_example_app_serves_hits_from_a_real_master(
         "AIO_MCLOOKUP_LAYOUT": str(EXAMPLE_LAYOUT),
         "MOONCAKE_MASTER": local_master.master_address,
         "MOONCAKE_METADATA": local_master.metadata_server,
+        "AIO_MCLOOKUP_HASH_ALGO": "sha256_cbor",
+        "AIO_MCLOOKUP_HASH_SEED": "1234",
     }
     argv = ["-m", "uvicorn", "fastapi_app:app", "--app-dir", "examples"]
-    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--host", "127.0.0.1", "--no-access-log", "--port", str(port)]
     log_path = tmp_path / "example.log"
     with log_path.open("wb") as log_file:
         proc = await asyncio.create_subprocess_exec(
@@ -557,6 +601,13 @@ async def test_example_app_serves_hits_from_a_real_master(
                 await asyncio.sleep(0.05)
             r = await client.post("/v1/lookup", json=body(64, hashes))
             assert r.status_code == 200 and r.json() == {"hit_tokens": 32}
+            r = await client.post("/v1/lookup", json={"token_ids": ids})
+            assert r.status_code == 200 and r.json() == {"hit_tokens": 48}
+            r = await client.post("/v1/lookup", json={"token_ids": ids[:48]})
+            assert r.json() == {"hit_tokens": 32}  # a whole-prompt hit leaves one block
+            config = (await client.get("/v1/layout")).json()
+            assert config["layout"] == layout.to_dict()
+            assert config["hasher"] == hasher.to_dict() and config["hasher"]["seeded"]
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -570,3 +621,16 @@ async def test_example_app_serves_hits_from_a_real_master(
     # uvicorn re-raises SIGTERM after a graceful shut-down.
     assert proc.returncode in (0, -signal.SIGTERM), log[-2000:]
     assert "Application shutdown complete" in log
+    assert '"POST /v1/lookup HTTP/1.1" 200' not in log  # no access log
+
+
+def test_example_refuses_a_hash_configuration_it_cannot_reproduce() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIO_MCLOOKUP", "MOONCAKE"))}
+    env["AIO_MCLOOKUP_LAYOUT"] = str(EXAMPLE_LAYOUT)
+    env["AIO_MCLOOKUP_HASH_ALGO"] = "xxhash"  # vLLM 0.33 seeds it at random without a seed
+    argv = ["-m", "uvicorn", "fastapi_app:app", "--app-dir", str(EXAMPLES), "--port", "0"]
+    proc = subprocess.run(
+        [sys.executable, *argv], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode != 0
+    assert "AIO_MCLOOKUP_HASH_ALGO='xxhash'" in proc.stderr

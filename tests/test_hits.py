@@ -29,13 +29,13 @@ from aio_mclookup import (
     ChunkedLocalAttention,
     FullAttention,
     InvalidRequest,
-    KVLayout,
     LookupPlan,
     Mamba,
     SlidingWindow,
 )
 from aio_mclookup._plan.probing import ProbeState
 from aio_mclookup._reference.v026 import BaselineLookup
+from v026_layouts import KVLayout  # these tests pin vLLM 0.26's rules
 
 KINDS = ("full_attention", "sliding_window", "chunked_local", "mamba")
 ABSENT = (0, -1, -900, 2)  # with 1, what the store answers; only 1 means present

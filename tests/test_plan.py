@@ -12,12 +12,12 @@ import pytest
 from aio_mclookup import (
     FullAttention,
     InvalidRequest,
-    KVLayout,
     Mamba,
     SlidingWindow,
 )
 from aio_mclookup._plan.probing import ProbeState
 from aio_mclookup._reference.v026 import BaselineLookup
+from v026_layouts import KVLayout  # these tests pin vLLM 0.26's rules
 
 
 def _hashes(n: int) -> list[bytes]:

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TextIO, TypeVar
 
 from ._errors import InvalidRequest
 from ._layout.layout import KVLayout
-from ._workload import PRESETS, WorkloadSpec, preset_layout
+from ._loadgen.workload import PRESETS, WorkloadSpec, preset_layout
 
 __all__ = ["build_parser", "main"]
 
@@ -256,7 +256,7 @@ def _load_layout(args: argparse.Namespace) -> tuple[KVLayout, str]:
 
 def _config(args: argparse.Namespace, stderr: TextIO) -> Any:
     """Validate the parsed arguments into a :class:`LoadgenConfig` (InvalidRequest if bad)."""
-    from ._loadgen import LoadgenConfig
+    from ._loadgen.results import LoadgenConfig
 
     layout, source = _load_layout(args)
     concurrency = _concurrency(args.concurrency)
@@ -371,7 +371,8 @@ def _quiet_fd2(log_path: str | None) -> Iterator[tuple[TextIO, str]]:
 
 
 def _loadgen(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ._loadgen import format_summary, run_loadgen, write_json, write_png
+    from ._loadgen.report import format_summary, report_unavailable, write_json, write_png
+    from ._loadgen.run import run_loadgen
 
     try:
         import mooncake.store  # noqa: F401
@@ -384,6 +385,10 @@ def _loadgen(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cfg = _config(args, sys.stderr)
     except InvalidRequest as exc:
         parser.error(str(exc))
+    if args.report is not None:  # before the load: a run without its PNG is a wasted run
+        problem = report_unavailable(args.report)
+        if problem is not None:
+            parser.error(problem)
     if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         parser.error("--loop uvloop: uvloop is not installed")
     try:

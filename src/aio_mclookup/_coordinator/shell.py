@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .._checks import integer
 from .._errors import (
     ClosedError,
     Error,
@@ -34,6 +35,7 @@ from .._layout.layout import KVLayout
 from .._observe.stats import CoordinatorStats
 from .._plan.hashes import HashInput
 from .._plan.plan import LookupPlan
+from .._resolve.result import LookupResult
 from .._store.protocol import Answer, CallbackStore, Key, Store
 from .core import CoordinatorCore, LookupState
 from .options import CoordinatorOptions, check_timeout
@@ -181,14 +183,52 @@ class LookupCoordinator:
         state = await self._lookup(self._plan(layout, token_len, block_hashes), timeout)
         return state.hit
 
-    def _plan(self, layout: KVLayout | None, n: int, block_hashes: HashInput) -> LookupPlan:
+    async def lookup_result(
+        self,
+        n: int,
+        block_hashes: HashInput,
+        *,
+        layout: KVLayout | None = None,
+        timeout: float | _Default | None = DEFAULT,
+    ) -> LookupResult:
+        """vLLM's whole lookup result (hit and, vLLM 0.32+, tail-key boundaries), as
+        :meth:`LookupPlan.resolve_result` gives it on the store's answers; ``n`` as for
+        :meth:`lookup`."""
+        state = await self._lookup(self._plan(layout, n, block_hashes), timeout)
+        result = state.state.result
+        assert result is not None
+        return result
+
+    async def lookup_request(
+        self,
+        num_tokens: int,
+        block_hashes: HashInput,
+        *,
+        layout: KVLayout | None = None,
+        timeout: float | _Default | None = DEFAULT,
+    ) -> int:
+        """How many tokens of a request of ``num_tokens`` tokens vLLM's scheduler counts as
+        found in the store: on vLLM 0.26 it aligns the length, looks up and leaves one token
+        to compute; on 0.32+ it takes the worker's answer for ``num_tokens``. What a router
+        wants."""
+        layout = self._layout_or_default(layout)
+        n = integer("num_tokens", num_tokens)
+        if layout.vllm_version == "0.26.0":
+            hit = await self.lookup(layout.align(n), block_hashes, layout=layout, timeout=timeout)
+            return layout.leave_one_token(hit, n)
+        return await self.lookup(n, block_hashes, layout=layout, timeout=timeout)
+
+    def _layout_or_default(self, layout: KVLayout | None) -> KVLayout:
         if layout is None:
-            layout = self.layout
-        elif not isinstance(layout, KVLayout):
+            return self.layout
+        if not isinstance(layout, KVLayout):
             raise InvalidRequest(
                 f"layout must be a KVLayout, got {type(layout).__name__}", field="layout"
             )
-        return layout.plan(n, block_hashes)  # raises InvalidRequest
+        return layout
+
+    def _plan(self, layout: KVLayout | None, n: int, block_hashes: HashInput) -> LookupPlan:
+        return self._layout_or_default(layout).plan(n, block_hashes)  # raises InvalidRequest
 
     async def _lookup(self, plan: LookupPlan, timeout: float | _Default | None) -> LookupState:
         """Run one plan, with the lookup-level statistics."""

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from .groups import ChunkedLocalAttention, FullAttention, GroupSpec, SpecGroup
 from .namespaces import Namespace, key_prefix
+from .rules import EraCRules
 
 __all__ = ["Geometry"]
 
@@ -24,6 +25,7 @@ class Geometry:
     __slots__ = (
         "__weakref__",
         "block_sizes",
+        "group_namespaces",
         "groups",
         "has_chunked_local",
         "has_full_attention",
@@ -35,6 +37,7 @@ class Geometry:
         "namespaces",
         "prefix_bytes",
         "prefix_rows",
+        "rules",
         "scheduler_block_size",
         "spec_groups",
         "use_eagle",
@@ -50,15 +53,24 @@ class Geometry:
         scheduler_block_size: int,
         use_eagle: bool,
         namespaces: tuple[Namespace, ...],
+        store_namespace: str = "",
+        group_namespaces: tuple[tuple[Namespace, ...], ...] | None = None,
+        rules: EraCRules | None = None,
     ) -> None:
         self.groups: tuple[GroupSpec, ...] = tuple(groups)
         self.hash_block_size = hash_block_size
         self.scheduler_block_size = scheduler_block_size
         self.use_eagle = use_eagle
+        self.rules = rules
+        """vLLM 0.32 / 0.33 rules (None: vLLM 0.26). Then ``groups`` are the store's
+        (prefix-cacheable) groups, and ``group_namespaces`` says each one's namespaces
+        (``namespaces`` is the first group's)."""
         self.namespaces = namespaces
+        per_group = group_namespaces or (namespaces,) * len(self.groups)
+        self.group_namespaces: tuple[tuple[Namespace, ...], ...] = per_group
         self.key_prefixes: tuple[tuple[str, ...], ...] = tuple(
-            tuple(key_prefix(cache_prefix, model, g, ns) for ns in namespaces)
-            for g in range(len(self.groups))
+            tuple(key_prefix(cache_prefix, model, g, ns, store_namespace) for ns in nss)
+            for g, nss in enumerate(per_group)
         )
         # Key prefixes as bytes with the "@" before the hash, and as a (namespaces, width)
         # uint8 matrix when every namespace's prefix has the same width (the fast path).

@@ -1,22 +1,51 @@
-"""Prometheus text exposition (format 0.0.4) of a :class:`CoordinatorStats` snapshot.
+"""Prometheus exposition of a coordinator's statistics, through ``prometheus_client``.
 
-No dependency: the text is rendered here, so any HTTP framework (or none) can serve it::
+Needs the ``prometheus`` extra (``prometheus_client``; the ``fastapi`` and ``dev`` extras include
+it). Two ways in:
 
-    body = prometheus_text(coordinator.stats())  # Content-Type: PROMETHEUS_CONTENT_TYPE
+* :class:`CoordinatorCollector` is a collector for any ``prometheus_client`` registry, so an
+  application that already serves ``/metrics`` (e.g. with prometheus-fastapi-instrumentator)
+  includes the coordinator's metrics in its own output::
+
+      from prometheus_client import REGISTRY
+      REGISTRY.register(CoordinatorCollector(coordinator))
+
+* :func:`prometheus_text` renders the same families on a private registry
+  (``prometheus_client.generate_latest``), for any HTTP framework (or none)::
+
+      body = prometheus_text(coordinator.stats())  # Content-Type: PROMETHEUS_CONTENT_TYPE
+
+Metric names, types, labels and help texts are part of the interface (dashboards use them).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, Union
 
 from .stats import CoordinatorStats, Histogram
 
-__all__ = ["PROMETHEUS_CONTENT_TYPE", "prometheus_text"]
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+    from prometheus_client.registry import Collector
+
+__all__ = [
+    "PROMETHEUS_CONTENT_TYPE",
+    "CoordinatorCollector",
+    "check_namespace",
+    "metric_family",
+    "prometheus_text",
+]
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The ``Content-Type`` of :func:`prometheus_text`'s output."""
+
+EXTRA_HINT = (
+    "needs prometheus_client, from aio-mclookup's 'prometheus' extra (also in 'fastapi' and "
+    "'dev'): from a clone, pip install -e '.[prometheus]'; or pip install 'prometheus_client>=0.17'"
+)
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 
@@ -52,12 +81,15 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("hit_tokens_total", "hit_tokens_total", "Prefix-hit tokens returned by lookups."),
     ("requested_tokens_total", "requested_tokens_total", "Tokens asked about by lookups."),
 )
+_ERRORS_HELP = "Failures by code: a Mooncake error code, exception, timeout, overloaded or closed."
 
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("pending_lookups", "pending_lookups", "Lookups waiting for or inside an RPC."),
     ("pending_keys", "pending_keys", "Keys waiting to be sent."),
     ("rpcs_in_flight", "rpcs_in_flight", "batch_is_exist RPCs in flight."),
 )
+_HEALTHY_HELP = "1 while the store answers, 0 while failing fast after store errors."
+_AGE_HELP = "Seconds since the last successful RPC (absent before the first)."
 
 _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("lookup_seconds", "lookup_seconds", "Latency of one lookup, from call to answer."),
@@ -67,58 +99,28 @@ _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def format_value(value: float) -> str:
-    """A sample value as Prometheus writes it (``+Inf``, ``-Inf``, ``NaN``, ints exact)."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+class HasStats(Protocol):
+    """Anything with a ``stats()`` snapshot, e.g. a :class:`~aio_mclookup.LookupCoordinator`."""
+
+    def stats(self) -> CoordinatorStats: ...
 
 
-def escape_label(value: str) -> str:
-    """A label value escaped for the text format (backslash, double quote, newline)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+StatsSource = Union[HasStats, Callable[[], CoordinatorStats], CoordinatorStats]  # noqa: UP007
+"""A coordinator, a callable returning a snapshot, or one fixed snapshot."""
 
 
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
-    return "{" + inner + "}"
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def metric_family(
-    name: str,
-    kind: str,
-    help_text: str,
-    samples: Iterable[tuple[Mapping[str, str], float]],
-) -> list[str]:
-    """``# HELP``, ``# TYPE`` and one line per ``(labels, value)`` sample of one family."""
-    lines = [f"# HELP {name} {_escape_help(help_text)}", f"# TYPE {name} {kind}"]
-    lines.extend(f"{name}{_labels(labels)} {format_value(value)}" for labels, value in samples)
-    return lines
-
-
-def histogram_family(name: str, help_text: str, hist: Histogram) -> list[str]:
-    """A histogram family: cumulative ``_bucket{le=...}`` lines, ``_sum`` and ``_count``."""
-    lines = [f"# HELP {name} {_escape_help(help_text)}", f"# TYPE {name} histogram"]
-    cumulative = hist.cumulative()
-    bounds = (*hist.buckets, math.inf)
-    for bound, count in zip(bounds, cumulative, strict=True):
-        le = "+Inf" if math.isinf(bound) else repr(float(bound))
-        lines.append(f'{name}_bucket{{le="{le}"}} {count}')
-    lines.append(f"{name}_sum {format_value(float(hist.sum))}")
-    lines.append(f"{name}_count {cumulative[-1] if cumulative else hist.count}")
-    return lines
+def _client() -> ModuleType:
+    """``prometheus_client``, or an :class:`ImportError` that names the extra."""
+    try:
+        import prometheus_client
+        import prometheus_client.exposition
+        import prometheus_client.metrics_core
+        import prometheus_client.utils
+    except ImportError as exc:
+        raise ImportError(
+            f"aio-mclookup's Prometheus metrics {EXTRA_HINT}", name="prometheus_client"
+        ) from exc
+    return prometheus_client
 
 
 def check_namespace(namespace: str) -> str:
@@ -130,40 +132,144 @@ def check_namespace(namespace: str) -> str:
     return namespace + "_"
 
 
+def _histogram(pc: ModuleType, name: str, help_text: str, hist: Histogram) -> Metric:
+    cumulative = hist.cumulative()
+    go = pc.utils.floatToGoString
+    bounds = [go(float(b)) for b in hist.buckets] + ["+Inf"]
+    family: HistogramMetricFamily = pc.metrics_core.HistogramMetricFamily(name, help_text)
+    family.add_metric([], list(zip(bounds, map(float, cumulative))), float(hist.sum))
+    return family
+
+
+def coordinator_families(
+    stats: CoordinatorStats, *, namespace: str = "aio_mclookup"
+) -> list[Metric]:
+    """The ``prometheus_client`` metric families of one snapshot (what the collector yields)."""
+    pc = _client()
+    core = pc.metrics_core
+    prefix = check_namespace(namespace)
+    out: list[Metric] = []
+    for attr, name, help_text in _COUNTERS:
+        out.append(core.CounterMetricFamily(prefix + name, help_text, value=getattr(stats, attr)))
+    errors = core.CounterMetricFamily(prefix + "errors_total", _ERRORS_HELP, labels=["code"])
+    for code, n in sorted(stats.errors_by_code.items()):
+        errors.add_metric([str(code)], n)
+    out.append(errors)
+    for attr, name, help_text in _GAUGES:
+        out.append(core.GaugeMetricFamily(prefix + name, help_text, value=getattr(stats, attr)))
+    out.append(
+        core.GaugeMetricFamily(
+            prefix + "store_healthy", _HEALTHY_HELP, value=1 if stats.store_healthy else 0
+        )
+    )
+    age = core.GaugeMetricFamily(prefix + "last_rpc_ok_age_seconds", _AGE_HELP, labels=[])
+    if stats.last_rpc_ok_age is not None:
+        age.add_metric([], float(stats.last_rpc_ok_age))
+    out.append(age)
+    for attr, name, help_text in _HISTOGRAMS:
+        out.append(_histogram(pc, prefix + name, help_text, getattr(stats, attr)))
+    return out
+
+
+class CoordinatorCollector:
+    """A ``prometheus_client`` collector over a coordinator's statistics.
+
+    ``source`` is a :class:`~aio_mclookup.LookupCoordinator` (anything with ``stats()``), a
+    callable returning a :class:`~aio_mclookup.CoordinatorStats`, or one fixed snapshot. Each
+    scrape (``collect()``) takes a fresh snapshot; ``describe()`` names the families without
+    taking one, so registering never touches the coordinator::
+
+        registry.register(CoordinatorCollector(coordinator, namespace="aio_mclookup"))
+
+    Raises :class:`ImportError` (naming the ``prometheus`` extra) without ``prometheus_client``
+    and :class:`ValueError` for a namespace that is not a metric-name prefix.
+    """
+
+    def __init__(self, source: StatsSource, *, namespace: str = "aio_mclookup") -> None:
+        _client()
+        check_namespace(namespace)
+        self.namespace = namespace
+        self._stats: Callable[[], CoordinatorStats]
+        if isinstance(source, CoordinatorStats):
+            snapshot = source
+            self._stats = lambda: snapshot
+        elif callable(getattr(source, "stats", None)):
+            self._stats = source.stats  # type: ignore[union-attr]
+        elif callable(source):
+            self._stats = source
+        else:
+            raise TypeError(
+                "source must be a coordinator, a callable returning CoordinatorStats or a "
+                f"CoordinatorStats, not {type(source).__name__}"
+            )
+
+    def collect(self) -> Iterator[Metric]:
+        """The coordinator's families, from a fresh snapshot."""
+        yield from coordinator_families(self._stats(), namespace=self.namespace)
+
+    def describe(self) -> Iterator[Metric]:
+        """The same families from an empty snapshot (the registry reads their names)."""
+        yield from coordinator_families(CoordinatorStats(), namespace=self.namespace)
+
+
+class _Families:
+    """A collector of fixed families (for rendering on a private registry)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def _render(pc: ModuleType, collector: Collector) -> str:
+    registry = pc.CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    text: bytes = pc.exposition.generate_latest(registry)
+    return text.decode("utf-8")
+
+
 def prometheus_text(stats: CoordinatorStats, *, namespace: str = "aio_mclookup") -> str:
     """Render a coordinator's statistics in the Prometheus text format (version 0.0.4).
 
     Counters (``<namespace>_lookups_total``, ``_rpcs_total``, ``_keys_sent_total``,
     ``_errors_total{code}``, ``_cache_hits_total``...), gauges (``_pending_lookups``,
     ``_rpcs_in_flight``, ``_store_healthy``...) and histograms (``_lookup_seconds``,
-    ``_rpc_seconds``, ``_keys_per_rpc``, ``_lookups_per_dispatch``). Serve it with
-    :data:`PROMETHEUS_CONTENT_TYPE`.
+    ``_rpc_seconds``, ``_keys_per_rpc``, ``_lookups_per_dispatch``), rendered by
+    ``prometheus_client.generate_latest`` from a :class:`CoordinatorCollector` on a private
+    registry. Serve it with :data:`PROMETHEUS_CONTENT_TYPE`. Raises :class:`ImportError` (naming
+    the ``prometheus`` extra) without ``prometheus_client``.
     """
-    prefix = check_namespace(namespace)
-    lines: list[str] = []
-    for attr, name, help_text in _COUNTERS:
-        lines += metric_family(prefix + name, "counter", help_text, [({}, getattr(stats, attr))])
-    lines += metric_family(
-        prefix + "errors_total",
-        "counter",
-        "Failures by code: a Mooncake error code, exception, timeout, overloaded or closed.",
-        [({"code": str(code)}, n) for code, n in sorted(stats.errors_by_code.items())],
-    )
-    for attr, name, help_text in _GAUGES:
-        lines += metric_family(prefix + name, "gauge", help_text, [({}, getattr(stats, attr))])
-    lines += metric_family(
-        prefix + "store_healthy",
-        "gauge",
-        "1 while the store answers, 0 while failing fast after store errors.",
-        [({}, 1 if stats.store_healthy else 0)],
-    )
-    age = stats.last_rpc_ok_age
-    lines += metric_family(
-        prefix + "last_rpc_ok_age_seconds",
-        "gauge",
-        "Seconds since the last successful RPC (absent before the first).",
-        [] if age is None else [({}, float(age))],
-    )
-    for attr, name, help_text in _HISTOGRAMS:
-        lines += histogram_family(prefix + name, help_text, getattr(stats, attr))
-    return "\n".join(lines) + "\n"
+    try:
+        pc = _client()
+    except ImportError as exc:
+        raise ImportError(f"prometheus_text {EXTRA_HINT}", name="prometheus_client") from exc
+    return _render(pc, CoordinatorCollector(stats, namespace=namespace))
+
+
+def metric_family(
+    name: str,
+    kind: str,
+    help_text: str,
+    samples: Iterable[tuple[Mapping[str, str], float]],
+) -> list[str]:
+    """The text lines (``# HELP``, ``# TYPE``, one per ``(labels, value)`` sample) of one extra
+    ``counter`` or ``gauge`` family, rendered by ``prometheus_client`` like the coordinator's.
+
+    For a family of your own next to :func:`prometheus_text` (the FastAPI router's
+    ``http_responses_total``). A counter's ``name`` must end in ``_total``.
+    """
+    pc = _client()
+    if kind not in ("counter", "gauge"):
+        raise ValueError(f"kind must be 'counter' or 'gauge', not {kind!r}")
+    if not _NAME.match(name):
+        raise ValueError(f"{name!r} is not a valid Prometheus metric name")
+    family_name = name
+    if kind == "counter":
+        if not name.endswith("_total"):
+            raise ValueError(f"a counter's name must end in _total: {name!r}")
+        family_name = name[: -len("_total")]
+    family: Metric = pc.metrics_core.Metric(family_name, help_text, kind)
+    for labels, value in samples:
+        family.add_sample(name, dict(labels), float(value))
+    return _render(pc, _Families([family])).splitlines()

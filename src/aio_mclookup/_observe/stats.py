@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import math
 from dataclasses import dataclass, field
 
 __all__ = ["CoordinatorStats", "Histogram"]
@@ -38,6 +39,23 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.sum += value
         self.count += 1
+
+    def quantile(self, q: float) -> float:
+        """An upper-bound estimate of the ``q``-quantile (``0 <= q <= 1``): the smallest bucket
+        bound at or below which at least a fraction ``q`` of the observations fall. ``inf`` when
+        that is past the last bound, ``nan`` with no observations."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be within [0, 1], got {q!r}")
+        total = sum(self.counts)
+        if total == 0:
+            return math.nan
+        rank = max(1, math.ceil(q * total - 1e-9))
+        running = 0
+        for bound, count in zip((*self.buckets, math.inf), self.counts):
+            running += count
+            if running >= rank:
+                return float(bound)
+        return math.inf  # pragma: no cover - running reaches total
 
     def cumulative(self) -> list[int]:
         """Counts of observations ``<= buckets[i]`` (Prometheus ``le`` order), then the total."""

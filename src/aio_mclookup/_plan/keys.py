@@ -48,7 +48,7 @@ def build_key_array(
 def assemble(geometry: Geometry, probe: GroupProbe, local: IntArray | None) -> list[bytes]:
     """``prefix@hex`` for a group's keys (all, or the group-local key indices given),
     hex-encoding only the hashes they need."""
-    k = len(geometry.namespaces)
+    k = len(geometry.prefix_bytes[probe.group_id])
     if local is None:
         return assemble_range(geometry, probe, 0, probe.chunks.size * k)
     prefix_rows = geometry.prefix_rows[probe.group_id]

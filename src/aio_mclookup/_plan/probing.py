@@ -11,7 +11,8 @@ from .._arrays import EMPTY, BoolArray, IntArray, KeyIndices
 from .._resolve.answers import first_false
 from .._resolve.hits import longest_hit
 from .._resolve.presence import merge
-from .plan import LookupPlan
+from .._resolve.result import LookupResult
+from .plan import _PROBE_STATE, LookupPlan
 
 __all__ = ["SCOUT_WINDOW", "ProbeState"]
 
@@ -38,8 +39,8 @@ class ProbeState:
     """
 
     __slots__ = (
-        "_all_at_once", "_answered", "_bound", "_prefix", "_present", "_scouted",
-        "_scouted_run", "hit", "plan", "rounds",
+        "_all_at_once", "_answered", "_bound", "_flat", "_prefix", "_present", "_result",
+        "_scouted", "_scouted_run", "hit", "plan", "rounds",
     )
 
     def __init__(self, plan: LookupPlan, rounds: bool = True) -> None:
@@ -57,11 +58,36 @@ class ProbeState:
         self._scouted_run = 0
         self._answered: tuple[BoolArray, ...] = ()  # per group (tuples: no GC tracking)
         self._present: tuple[BoolArray, ...] = ()
+        self._result: LookupResult | None = None
+        self._flat: tuple[BoolArray, BoolArray] | None = None
+        """vLLM 0.32+ plans probed in one round: (answered, present) per key."""
         if plan.single_full_attention and not self._all_at_once:
             self._prefix = 0
+        elif plan.geometry.rules is not None:
+            self._flat = (np.zeros(plan.num_keys, dtype=bool), np.zeros(plan.num_keys, dtype=bool))
         else:
             self._answered = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
             self._present = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
+
+    @property
+    def result(self) -> LookupResult | None:
+        """vLLM's lookup result (hit and, vLLM 0.32+, tail-key boundaries) once :attr:`hit`
+        is set, i.e. once :meth:`next_keys` returns nothing; None before."""
+        if self.hit is None:
+            return None
+        if self._result is None:
+            self._result = self.plan.result_for_hit(self.hit)
+        return self._result
+
+    def _settle_flat(self) -> bool:
+        """vLLM 0.32+ one-round mode: resolve once every key is answered."""
+        assert self._flat is not None
+        answered, present = self._flat
+        if not answered.all():
+            return False
+        self._result = self.plan.resolve_present_result(present)
+        self.hit = self._result.hit_length
+        return True
 
     @property
     def known_prefix(self) -> int | None:
@@ -81,6 +107,12 @@ class ProbeState:
         if not plan.num_keys:  # vLLM answers 0 without an RPC
             self.hit = 0
             return EMPTY
+        if self._flat is not None:
+            if self._settle_flat():
+                return EMPTY
+            self.rounds += 1
+            answered = self._flat[0]
+            return np.flatnonzero(~answered) if answered.any() else range(plan.num_keys)
         self.rounds += 1
         if self.rounds == 1 and self._all_at_once:
             return range(plan.num_keys)
@@ -104,7 +136,10 @@ class ProbeState:
             plan.geometry, plan.token_len, merge(plan.geometry, maybe), merge(plan.geometry, known)
         )
         if search.exact:
-            self.hit = search.hit
+            if plan.geometry.rules is None:
+                self.hit = search.hit
+            else:  # (a lone full-attention vLLM 0.32+ plan: its hit from its present prefix)
+                self.hit = plan.prefix_hit(_leading(maybe[0]))
             return EMPTY
         k = len(plan.geometry.namespaces)
         wanted: list[IntArray] = []
@@ -153,6 +188,17 @@ class ProbeState:
         (all namespaces), e.g. from :meth:`next_keys`."""
         count = len(key_indices)
         if self.hit is not None:
+            return
+        if self._flat is not None:
+            answered, known_present = self._flat
+            idx: slice | IntArray = (
+                slice(key_indices.start, key_indices.stop)
+                if isinstance(key_indices, range)
+                else np.asarray(key_indices)
+            )
+            answered[idx] = True
+            known_present[idx] = np.asarray(present, dtype=bool)
+            self._settle_flat()
             return
         k = len(self.plan.geometry.namespaces)
         if self.rounds == 1 and count == self.plan.num_keys:  # every key at once
@@ -239,9 +285,20 @@ class ProbeState:
         self._prefix = None
 
 
+def _leading(present: BoolArray) -> int:
+    """How many entries from the first are True."""
+    if not present.size:
+        return 0
+    miss = int(np.argmin(present))
+    return present.size if present[miss] else miss
+
+
 def _contiguous_run(indices: KeyIndices) -> int:
     """How many of the ascending ``indices``, from the first, are consecutive."""
     if isinstance(indices, range) or int(indices[-1]) - int(indices[0]) == len(indices) - 1:
         return len(indices)
     steps = np.diff(indices) != 1
     return int(steps.argmax()) + 1
+
+
+_PROBE_STATE.append(ProbeState)  # what LookupPlan.probing() builds (plan cannot import this)

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import InvalidRequest
-from ._layout.groups import FullAttention, SlidingWindow
-from ._layout.layout import KVLayout
+from .._errors import InvalidRequest
+from .._layout.groups import FullAttention, SlidingWindow
+from .._layout.layout import KVLayout
 
 __all__ = [
     "PRESETS",

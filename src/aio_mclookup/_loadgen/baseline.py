@@ -1,0 +1,73 @@
+"""The seed-naive baseline: vLLM's own per-request way (its key loop and hit search, from the
+literal ports in ``_reference``, plus one ``batch_is_exist`` per request through the loop's
+default executor, as Mooncake's own async wrapper does)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._errors import StoreError
+from .._layout.layout import KVLayout
+from .._store.codes import failed_rpc_code
+from .._store.pool import client_config
+from .results import RunResult
+from .workload import Request
+
+__all__ = ["Lookup", "RawClient", "naive_lookup"]
+
+class RawClient:
+    """A plain ``MooncakeDistributedStore`` used exactly as Mooncake's async wrapper uses it:
+    ``await loop.run_in_executor(None, client.batch_is_exist, keys)``."""
+
+    def __init__(self, master: str, metadata: str, local_hostname: str) -> None:
+        self.config = client_config(master, metadata, local_hostname)
+        self.client: Any = None
+
+    def open_blocking(self) -> None:
+        from mooncake.store import MooncakeDistributedStore
+
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", str(self.config["local_hostname"]))
+        client = MooncakeDistributedStore()
+        rc = client.setup(dict(self.config))
+        if rc != 0:
+            with contextlib.suppress(Exception):
+                client.close()
+            raise StoreError(f"Mooncake setup() for the seed-naive client returned {rc}", rc)
+        self.client = client
+
+    def close_blocking(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            client.close()
+
+
+Lookup = Callable[[Request], Awaitable[int]]
+
+
+def naive_lookup(layout: KVLayout, raw: RawClient, result: RunResult) -> Lookup:
+    """vLLM 0.26's per-request lookup: build keys, one executor-hopped RPC, resolve."""
+    from .._reference.v026 import BaselineLookup
+
+    baseline = BaselineLookup(layout.to_dict())
+    client = raw.client
+    loop = asyncio.get_running_loop()
+
+    async def lookup(req: Request) -> int:
+        keys, meta = baseline.build_keys(req.token_len, req.hash_list)
+        result.keys_planned += len(keys)
+        if not keys:
+            return 0
+        result.rpcs += 1
+        result.rounds += 1
+        result.keys_sent += len(keys)
+        answers: list[int] = await loop.run_in_executor(None, client.batch_is_exist, keys)
+        code = failed_rpc_code(answers)
+        if code is not None:
+            raise StoreError(f"batch_is_exist failed with code {code}", code=code)
+        return baseline.resolve(req.token_len, req.hash_list, meta, answers)
+
+    return lookup
