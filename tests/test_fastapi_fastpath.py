@@ -130,15 +130,24 @@ def test_the_coordinator_dependency_is_async() -> None:
 
 
 async def test_nothing_error_only_is_built_for_a_good_request(monkeypatch: Any) -> None:
+    import importlib
+    import pkgutil
+
     built: list[str] = []
+    modules = [
+        importlib.import_module(info.name)
+        for info in pkgutil.iter_modules(mcl_fastapi.__path__, "aio_mclookup.fastapi.")
+    ]
     for name in ("_too_large", "_too_many", "_invalid"):
-        original = getattr(mcl_fastapi, name)
+        original = getattr(importlib.import_module("aio_mclookup.fastapi._errors"), name)
 
         def spy(*args: Any, _name: str = name, _original: Any = original) -> Any:
             built.append(_name)
             return _original(*args)
 
-        monkeypatch.setattr(mcl_fastapi, name, spy)
+        for module in modules:  # wherever the name was imported
+            if getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, spy)
     hashes = prompt(4)
     for app in (create_app(LAYOUT, FakeStore()), create_app(LAYOUT, FakeStore(), fast_path=False)):
         async with serve(app) as client:
