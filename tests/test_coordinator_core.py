@@ -26,10 +26,17 @@ from aio_mclookup._observe.stats import CoordinatorStats
 from aio_mclookup._plan.plan import LookupPlan
 
 FULL16 = KVLayout([FullAttention(16)], model="core-test", hash_block_size=16,
-                  scheduler_block_size=16)
+                  scheduler_block_size=16, vllm_version="0.26")
 HYBRID = KVLayout(
     [FullAttention(16), SlidingWindow(16, sliding_window=32)],
-    model="core-hybrid", hash_block_size=16, scheduler_block_size=64,
+    model="core-hybrid", hash_block_size=16, scheduler_block_size=64, vllm_version="0.26",
+)
+FULL16_033 = KVLayout([FullAttention(16)], model="core-test", hash_block_size=16,
+                      scheduler_block_size=16, tp_size=2, num_kv_heads=8, vllm_version="0.33")
+HYBRID_033 = KVLayout(
+    [FullAttention(16), SlidingWindow(16, sliding_window=32, extra_retained_tokens=16)],
+    model="core-hybrid", hash_block_size=16, scheduler_block_size=64, use_eagle=True,
+    vllm_version="0.33",
 )
 
 
@@ -220,12 +227,14 @@ def _settled_hits(lookups: Sequence[LookupState]) -> list[int]:
     return [lk.hit for lk in lookups]
 
 
-def test_many_lookups_random_stores_match_the_oracle() -> None:
+@pytest.mark.parametrize("release", ["0.26", "0.33"])
+def test_many_lookups_random_stores_match_the_oracle(release: str) -> None:
     rng = np.random.default_rng(7)
     core = core_of(cache_ttl=None, max_keys_per_rpc=16, max_rpcs_in_flight=2, probe_window=2)
     plans, present = [], set()
+    full, hybrid = (FULL16, HYBRID) if release == "0.26" else (FULL16_033, HYBRID_033)
     for i in range(40):
-        layout = FULL16 if i % 2 else HYBRID
+        layout = full if i % 2 else hybrid
         n = int(rng.integers(1, 12))
         plan = layout.plan(64 * (n // 4 + 1), chain(4 * (n // 4 + 1), b"r%d" % (i % 7)))
         plans.append(plan)
@@ -234,3 +243,5 @@ def test_many_lookups_random_stores_match_the_oracle() -> None:
     lookups = [core.begin(p, now=0.0) for p in plans]
     answer_all(core, present)
     assert _settled_hits(lookups) == [expected(p, present) for p in plans]
+    results = [lk.state.result for lk in lookups]
+    assert results == [p.resolve_result([k in present for k in p.keys]) for p in plans]

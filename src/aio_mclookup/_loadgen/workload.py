@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._checks import positive_int
 from .._errors import InvalidRequest
 from .._layout.groups import FullAttention, SlidingWindow
 from .._layout.layout import KVLayout
@@ -93,9 +94,7 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         for name in ("sessions", "turns", "system_prompts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidRequest(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         for name in ("system_tokens", "turn_tokens"):
             low, high = getattr(self, name)
             if not (isinstance(low, int) and isinstance(high, int)) or low < 0 or high < low:

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-from .._errors import StoreError
+from .._errors import InvalidRequest, StoreError
 from .._store.codes import OBJECT_ALREADY_EXISTS, OBJECT_NOT_FOUND, raise_bad_codes
 from .._store.pool import LOOPBACK, ClientPool
 
@@ -47,7 +47,9 @@ class StoreWriter(ClientPool):
         local_hostname: str = LOOPBACK,
     ) -> None:
         if segment_size <= 0 or local_buffer_size <= 0:
-            raise ValueError("segment_size and local_buffer_size must be > 0")
+            raise InvalidRequest(
+                "segment_size and local_buffer_size must be > 0", field="segment_size"
+            )
         super().__init__(
             master_address,
             metadata_server,

@@ -11,6 +11,8 @@ import copy
 import math
 from dataclasses import dataclass, field
 
+from .._errors import InvalidRequest
+
 __all__ = ["CoordinatorStats", "Histogram"]
 
 LATENCY_BUCKETS = (
@@ -45,7 +47,7 @@ class Histogram:
         bound at or below which at least a fraction ``q`` of the observations fall. ``inf`` when
         that is past the last bound, ``nan`` with no observations."""
         if not 0.0 <= q <= 1.0:
-            raise ValueError(f"q must be within [0, 1], got {q!r}")
+            raise InvalidRequest(f"q must be within [0, 1], got {q!r}", field="q")
         total = sum(self.counts)
         if total == 0:
             return math.nan

@@ -46,7 +46,7 @@ def _split_host_port(address: str) -> tuple[str, int]:
     """Split ``host:port`` (or ``[v6]:port``) into its parts."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"expected 'host:port', got {address!r}")
+        raise InvalidRequest(f"expected 'host:port', got {address!r}", field="master_address")
     return host.strip("[]") or LOOPBACK, int(port)
 
 

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import (
     LookupCoordinator,
 )
+from .._errors import InvalidRequest
 from ._decode import _coordinator_of, _media_type
 from ._errors import ApiError, _too_large
 
@@ -96,7 +97,9 @@ class LookupFastPath:
     def __init__(self, app: ASGIApp, *, router: APIRouter, prefix: str = "") -> None:
         paths = getattr(router, _FAST_KEY, None)
         if not isinstance(paths, _FastPaths):
-            raise ValueError("router must come from aio_mclookup.fastapi.create_router")
+            raise InvalidRequest(
+                "router must come from aio_mclookup.fastapi.create_router", field="router"
+            )
         self.app = app
         self.owner = app if isinstance(app, Starlette) else None
         self.paths = paths

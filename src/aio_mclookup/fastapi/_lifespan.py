@@ -15,6 +15,7 @@ from .. import (
     LookupCoordinator,
     Store,
 )
+from .._errors import InvalidRequest
 from ._decode import _coordinator_of
 from ._models import STATE_KEY, StoreSource
 
@@ -55,7 +56,7 @@ def coordinator_lifespan(
     ``async with coordinator_lifespan(...)(app):``.
     """
     if store is None and (master_address is None or metadata_server is None):
-        raise ValueError("give a store, or master_address and metadata_server")
+        raise InvalidRequest("give a store, or master_address and metadata_server", field="store")
     options = {"when_full": "raise", **coordinator_options}
     LookupCoordinator(layout, FakeStore(), **options)  # bad options fail here, not at start-up
 

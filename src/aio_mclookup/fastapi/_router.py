@@ -19,7 +19,8 @@ from .. import (
     BlockHasher,
     LookupCoordinator,
 )
-from .._errors import Error
+from .._checks import positive_int
+from .._errors import Error, InvalidRequest
 from .._observe.prometheus import (
     PROMETHEUS_CONTENT_TYPE,
     check_namespace,
@@ -287,14 +288,17 @@ def create_router(
         ("max_body_bytes", max_body_bytes),
         ("max_batch_requests", max_batch_requests),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int(name, value)
     assert max_body_bytes is not None
     body_limit: int = max_body_bytes
     if lookup_timeout is not None and not lookup_timeout > 0:
-        raise ValueError(f"lookup_timeout must be > 0 or None, got {lookup_timeout!r}")
+        raise InvalidRequest(
+            f"lookup_timeout must be > 0 or None, got {lookup_timeout!r}", field="lookup_timeout"
+        )
     if hasher is not None and not callable(getattr(hasher, "hash", None)):
-        raise ValueError(f"hasher must be a BlockHasher, got {type(hasher).__name__}")
+        raise InvalidRequest(
+            f"hasher must be a BlockHasher, got {type(hasher).__name__}", field="hasher"
+        )
     prefix = check_namespace(namespace)
     counts: collections.Counter[tuple[str, int]] = collections.Counter()
     router = APIRouter(
