@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import aio_mclookup as mcl
 from aio_mclookup._cli import main
 from aio_mclookup._layout.layout import KVLayout
 from aio_mclookup._loadgen.report import format_summary
@@ -78,7 +79,7 @@ def _needs_mooncake() -> None:
         (["loadgen", "--requests", "5", "--duration", "3"], "not allowed with argument"),
         (["loadgen", "--preset", "chat", "--layout", "x.json"], "not allowed with argument"),
         (["loadgen", "--bogus"], "unrecognized arguments: --bogus"),
-        ([], "choose a command (loadgen)"),
+        ([], "choose a command (loadgen, layout)"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(
@@ -244,7 +245,7 @@ def test_loadgen_compare_embedded_master_json_and_png(
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = captured.out
     assert "p50 ms" in out and "RPCs/lookup" in out and "hit/prompt tokens" in out
-    assert "token_len = layout.align(num_tokens)" in out
+    assert "each lookup counts what vLLM's scheduler does: num_tokens as vLLM 0.33.0" in out
     assert "saving at concurrency 8:" in out
     assert "hits: identical across coordinator and seed-naive runs (450 lookups" in out
 
@@ -446,3 +447,39 @@ def test_png_has_latency_throughput_and_per_lookup_work_panels(tmp_path: Path) -
         assert list(lines["keys, coordinator"].get_xdata()) == [1, 16, 64]
     finally:
         real_close(fig)
+
+
+# --------------------------------------------------------------------- aio-mclookup layout
+@pytest.mark.parametrize("release", ["0.26", "0.32", "0.33"])
+def test_layout_command_prints_the_keys_workers_write(
+    release: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = {
+        "model": "org/Llama-70B", "cache_prefix": "tenant", "hash_block_size": 16,
+        "scheduler_block_size": 64, "tp_size": 4, "num_kv_heads": 2, "vllm_version": release,
+        "groups": [
+            {"kind": "full_attention", "block_size": 64},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 32},
+        ],
+    }
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["layout", str(path), "--hash", "ab" * 32]) == 0
+    out = capsys.readouterr().out
+    layout = mcl.KVLayout.from_dict(cfg)
+    assert f"vLLM release: {layout.vllm_version}" in out
+    # every hash equal: chunk 0's key of each group is whatever the plan makes for it
+    plan = layout.plan(64 if release == "0.26" else 65, [bytes.fromhex("ab" * 32)] * 4)
+    printed = {line.split(": ", 1)[1] for line in out.splitlines() if "@" in line}
+    planned = {k.decode() for k in plan.keys}
+    assert printed and printed <= planned
+    assert len(printed) == len(layout.group_namespaces[0]) + len(layout.group_namespaces[1])
+
+
+def test_layout_command_refuses_a_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"model": "m", "vllm_version": "0.29"}))
+    assert main(["layout", str(path)]) == 2
+    assert "0.29" in capsys.readouterr().err

@@ -61,14 +61,34 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Fill a Mooncake store with a synthetic vLLM-like KV cache (shared system prompts, "
             "multi-turn sessions) and measure prefix lookups through the coordinator, side by "
-            "side with vLLM 0.26's per-request way (--compare). Each request's prompt length is "
-            "aligned with layout.align(num_tokens), as vLLM's scheduler does, before the lookup."
+            "side with vLLM's per-request way for the layout's release (--compare). Each lookup "
+            "answers what vLLM's scheduler counts as found for the request (0.26: aligned, "
+            "looked up, one token left; 0.32+: the worker's answer for num_tokens)."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
     lg.set_defaults(subparser=lg)
+    ly = sub.add_parser(
+        "layout",
+        help="check a layout file: release, groups, namespaces, alignment, sample keys",
+        description=(
+            "Read a layout (KVLayout.from_dict JSON) and print what aio-mclookup will do with "
+            "it: the vLLM release whose rules apply, the groups and merged spec-groups, the "
+            "rank namespaces of each store group, the lookup alignment, and the key of chunk 0 "
+            "of each group for a given hash, to compare with a key your workers wrote."
+        ),
+    )
+    ly.set_defaults(subparser=ly)
+    ly.add_argument("file", metavar="FILE.json", help="the layout file")
+    ly.add_argument(
+        "--hash",
+        default="00" * 32,
+        metavar="HEX",
+        help="the block hash a group's chunk 0 is keyed by (block_hashes[block_size / "
+        "hash_block_size - 1]); default: 32 zero bytes",
+    )
     g = lg.add_argument_group("layout (one of)")
     ex = g.add_mutually_exclusive_group()
     ex.add_argument(
@@ -119,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also run the seed-naive way (vLLM 0.26's loop, one RPC per request) on the same "
+        help="also run the seed-naive way (vLLM's loop, one RPC per request) on the same "
         "requests and check both find the same hits (default: on)",
     )
     g.add_argument(
@@ -441,13 +461,68 @@ def _loadgen(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def describe(layout: KVLayout, first_hash: bytes) -> str:
+    """What ``aio-mclookup layout`` prints for ``layout``."""
+    lines = [
+        f"vLLM release: {layout.vllm_version}",
+        f"model: {layout.model}  cache_prefix: {layout.cache_prefix or '(none)'}",
+        f"hash_block_size: {layout.hash_block_size}  scheduler_block_size: "
+        f"{layout.scheduler_block_size}  lookup alignment: {layout.lookup_alignment} tokens"
+        + ("  (fine-grained: partial hash hits)" if layout.fine_grained else ""),
+        "groups:",
+    ]
+    store_ids = layout.store_group_ids
+    for gid, (group, store_id) in enumerate(zip(layout.groups, store_ids)):
+        fields = ", ".join(f"{k}={v}" for k, v in group.to_dict().items() if k != "kind")
+        where = f"store group {store_id}" if store_id is not None else "not prefix-cacheable"
+        lines.append(f"  {gid}: {group.kind} ({fields}): {where}")
+    lines.append("spec-groups (the hit search's order):")
+    for members, eagle in layout.spec_groups:
+        ids = ", ".join(str(m) for m in members)
+        lines.append(f"  store groups [{ids}]" + ("  EAGLE" if eagle else ""))
+    lines.append("keys of chunk 0, per store group and rank namespace:")
+    store_groups = [g for g, s in zip(layout.groups, store_ids) if s is not None]
+    for sid, (group, prefixes) in enumerate(zip(store_groups, layout.key_prefixes)):
+        index = group.block_size // layout.hash_block_size - 1
+        namespaces = layout.group_namespaces[sid]
+        lines.append(
+            f"  store group {sid}: {len(namespaces)} namespace(s), keyed by "
+            f"block_hashes[{index}]"
+        )
+        for ns, prefix in zip(namespaces, prefixes):
+            lines.append(f"    tp={ns[0]} pcp={ns[1]} dcp={ns[2]} pp={ns[3]}: "
+                         f"{prefix}@{first_hash.hex()}")
+    return "\n".join(lines)
+
+
+def _layout(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        first_hash = bytes.fromhex(args.hash)
+    except ValueError:
+        parser.error(f"--hash must be hex, got {args.hash!r}")
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            cfg = json.load(f)
+        layout = KVLayout.from_dict(cfg)
+    except OSError as exc:
+        parser.error(f"cannot read {args.file}: {exc.strerror}")
+    except json.JSONDecodeError as exc:
+        parser.error(f"{args.file} is not JSON: {exc}")
+    except InvalidRequest as exc:
+        parser.error(f"{args.file}: {exc}")
+    print(describe(layout, first_hash))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            parser.error("choose a command (loadgen); see aio-mclookup --help")
+            parser.error("choose a command (loadgen, layout); see aio-mclookup --help")
+        if args.command == "layout":
+            return _layout(args, args.subparser)
         return _loadgen(args, args.subparser)
     except SystemExit as exc:
         code = exc.code

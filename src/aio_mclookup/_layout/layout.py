@@ -353,6 +353,15 @@ class KVLayout:
         return tuple(range(len(self.groups))) if rules is None else rules.store_ids
 
     @property
+    def spec_groups(self) -> tuple[tuple[tuple[int, ...], bool], ...]:
+        """vLLM's merged spec-groups, in the order its hit search visits them (full attention
+        first): each one's member store groups, and whether EAGLE applies to it."""
+        rules = self._geometry.rules
+        if rules is None:
+            return tuple((sg.group_ids, sg.drop_eagle) for sg in self._geometry.spec_groups)
+        return tuple((sg.group_ids, sg.eagle) for sg in rules.spec_groups)
+
+    @property
     def fine_grained(self) -> bool:
         """vLLM 0.32+ partial hash hits: ``cache_hit_alignment_tokens < scheduler_block_size``
         (the lookup then aligns to the hash block)."""

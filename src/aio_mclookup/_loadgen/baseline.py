@@ -49,18 +49,17 @@ Lookup = Callable[[Request], Awaitable[int]]
 
 
 def naive_lookup(layout: KVLayout, raw: RawClient, result: RunResult) -> Lookup:
-    """vLLM 0.26's per-request lookup: build keys, one executor-hopped RPC, resolve."""
+    """vLLM's per-request lookup, as its scheduler counts it: build the keys with the layout's
+    release's own loop, one executor-hopped RPC, resolve (0.26: for the aligned length, then
+    leave one token; 0.32+: for ``num_tokens``, the worker re-deriving a full hit)."""
     from .._reference.v026 import BaselineLookup
+    from .._reference.v033 import BaselineLookupV033
 
-    baseline = BaselineLookup(layout.to_dict())
     client = raw.client
     loop = asyncio.get_running_loop()
 
-    async def lookup(req: Request) -> int:
-        keys, meta = baseline.build_keys(req.token_len, req.hash_list)
+    async def answers_for(keys: list[str]) -> list[int]:
         result.keys_planned += len(keys)
-        if not keys:
-            return 0
         result.rpcs += 1
         result.rounds += 1
         result.keys_sent += len(keys)
@@ -68,6 +67,27 @@ def naive_lookup(layout: KVLayout, raw: RawClient, result: RunResult) -> Lookup:
         code = failed_rpc_code(answers)
         if code is not None:
             raise StoreError(f"batch_is_exist failed with code {code}", code=code)
-        return baseline.resolve(req.token_len, req.hash_list, meta, answers)
+        return answers
 
-    return lookup
+    if layout.vllm_version == "0.26.0":
+        baseline = BaselineLookup(layout.to_dict())
+
+        async def lookup(req: Request) -> int:
+            keys, meta = baseline.build_keys(req.token_len, req.hash_list)
+            if not keys:
+                return 0
+            answers = await answers_for(keys)
+            hit = baseline.resolve(req.token_len, req.hash_list, meta, answers)
+            return layout.leave_one_token(hit, req.num_tokens)
+
+        return lookup
+    baseline_033 = BaselineLookupV033(layout.to_dict())
+
+    async def lookup_033(req: Request) -> int:
+        keys, meta = baseline_033.build_keys(req.num_tokens, req.hash_list)
+        if not keys:
+            return 0
+        answers = await answers_for(keys)
+        return baseline_033.resolve(req.num_tokens, req.hash_list, meta, answers).hit_length
+
+    return lookup_033

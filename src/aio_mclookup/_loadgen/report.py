@@ -30,11 +30,21 @@ def format_summary(report: LoadgenReport) -> str:
             f"{s['warm_sessions']:,} warm sessions whose earlier turns are stored (hit ratio "
             f"{spec.hit_ratio:g}); seed {spec.seed}"
         )
+        layout = cfg.layout
+        if layout.vllm_version == "0.26.0":
+            how = (
+                f"the aligned length (floored to the {layout.scheduler_block_size}-token "
+                "scheduler block), one token left to compute, as vLLM 0.26's scheduler does"
+            )
+        else:
+            how = (
+                f"num_tokens as vLLM {layout.vllm_version}'s scheduler sends it (the worker "
+                f"aligns to {layout.lookup_alignment} tokens and leaves one token)"
+            )
         lines.append(
             f"          prompts {s['prompt_tokens_min']:,}-{s['prompt_tokens_max']:,} tokens "
-            f"(mean {s['prompt_tokens_mean']:,.0f}); each lookup uses "
-            f"token_len = layout.align(num_tokens), floored to the "
-            f"{cfg.layout.scheduler_block_size}-token scheduler block as vLLM's scheduler does"
+            f"(mean {s['prompt_tokens_mean']:,.0f}); each lookup counts what vLLM's "
+            f"scheduler does: {how}"
         )
     st = report.store
     if st:

@@ -158,7 +158,7 @@ async def coordinator_run(
     )
 
     async def lookup(req: Request) -> int:
-        return await coordinator.lookup(req.token_len, req.hashes)
+        return await coordinator.lookup_request(req.num_tokens, req.hashes)
 
     async with coordinator:
         await drive(requests, lookup, result, cfg, stop, progress)

@@ -45,12 +45,14 @@ HASH_WIDTH = 32
 
 PRESETS: dict[str, dict[str, Any]] = {
     "chat": {
+        "vllm_version": "0.33.0",
         "model": "Qwen/Qwen3-8B",
         "hash_block_size": 16,
         "scheduler_block_size": 16,
         "groups": [{"kind": "full_attention", "block_size": 16}],
     },
     "dsv4": {
+        "vllm_version": "0.33.0",
         "model": "deepseek-ai/DeepSeek-V4-Pro",
         "hash_block_size": 4,
         "scheduler_block_size": 256,
@@ -62,8 +64,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         ],
     },
 }
-"""Named layouts (:meth:`KVLayout.from_dict` form): a single full-attention chat model and the
-DeepSeek-V4-like hybrid (full attention plus three sliding windows)."""
+"""Named layouts (:meth:`KVLayout.from_dict` form), each naming its vLLM release: a single
+full-attention chat model and the DeepSeek-V4-like hybrid (full attention plus three sliding
+windows)."""
 
 
 def preset_layout(name: str) -> KVLayout:
@@ -276,5 +279,5 @@ def describe_layout(layout: KVLayout) -> str:
             parts.append(f"{g.kind}/{g.block_size}")
     return (
         f"{layout.model} [{', '.join(parts)}] hash_block={layout.hash_block_size} "
-        f"scheduler_block={layout.scheduler_block_size}"
+        f"scheduler_block={layout.scheduler_block_size} vllm={layout.vllm_version}"
     )
