@@ -1,8 +1,8 @@
 """Coordinator vs seed-naive against a real Mooncake master on loopback, in the same run.
 
-Seed-naive is vLLM 0.26's per-request way: its key-building loop and hit search (the faithful
-port in ``aio_mclookup._reference``) plus one ``batch_is_exist`` per request through the loop's
-default executor, as Mooncake's own async wrapper does. The coordinator runs with its default
+Seed-naive is vLLM's per-request way: its key-building loop and hit search (the faithful
+ports in ``aio_mclookup._reference``, for the layout's release) plus one ``batch_is_exist``
+per request through the loop's default executor, as Mooncake's own async wrapper does. The coordinator runs with its default
 options, a fresh one per repetition (no cache outlives a repetition). Both see the same requests
 on the same store; every repetition checks that both give identical hits.
 
@@ -13,6 +13,8 @@ Scenarios (from the coalescing issue):
 * dsv4: full 256 + SWA 64/W128 + SWA 4/W8 + SWA 8/W128 (h=4, L=256), 131,072-token requests
   sharing 4 cached documents up to a random cut; 32 concurrent callers.
 * single caller (concurrency 1) on both layouts: latency.
+* chat and dsv4 again with vLLM 0.33's rules (the seed-naive loop then is 0.33's, the literal
+  port in ``aio_mclookup._reference.v033``); every other scenario uses vLLM 0.26's.
 * sessions: a GQA model at TP 4 with 8 KV heads (four keys per chunk), a cache prefix, 128
   agent/chat sessions sharing 4 system prompts, each at some turn of six, every turn extending
   the last by 512 tokens; the earlier turns are stored; 64 concurrent callers.
@@ -63,6 +65,8 @@ class Scenario:
     kind: str = "shared"
     """``shared``: requests share cached documents up to a random cut; ``sessions``: turns
     of sessions extending each other; ``burst``: distinct prompts, all at once."""
+    release: str = "0.26"
+    """The layout's vLLM release (and so the seed-naive loop's)."""
 
 
 SESSIONS_LAYOUT = KVLayout(
@@ -81,7 +85,7 @@ SYSTEM_TOKENS, TURN_TOKENS, TURNS = 1024, 512, 6
 def layout_of(sc: Scenario) -> KVLayout:
     if sc.preset == "sessions":
         return SESSIONS_LAYOUT
-    return KVLayout.from_dict(dict(PRESETS[sc.preset], vllm_version="0.26"))
+    return KVLayout.from_dict(dict(PRESETS[sc.preset], vllm_version=sc.release))
 
 
 def chain(count: int, seed: bytes) -> list[bytes]:
@@ -264,6 +268,8 @@ async def main_async(args: argparse.Namespace) -> str:
         Scenario("dsv4", "dsv4", 4, 131072, 128 // scale, 32),
         Scenario("chat-single", "chat", 64, 4096, 400 // scale, 1),
         Scenario("dsv4-single", "dsv4", 4, 131072, 24 // scale, 1),
+        Scenario("chat-0.33", "chat", 64, 4096, 2048 // scale, 256, release="0.33"),
+        Scenario("dsv4-0.33", "dsv4", 4, 131072, 128 // scale, 32, release="0.33"),
         Scenario("sessions", "sessions", 128, 0, 448 // scale, 64, "sessions"),
         Scenario("chat-burst", "chat", 0, 8192, 200 // scale, 0, "burst"),
         Scenario("dsv4-burst", "dsv4", 0, 131072, 32 // scale, 0, "burst"),
@@ -287,7 +293,8 @@ async def main_async(args: argparse.Namespace) -> str:
         f"Each row is the median over {args.reps} repetitions; seed-naive and coordinator "
         "runs alternate in the same process, on the same requests and store. The ratio is "
         "the coordinator's median lookups/s over seed-naive's.",
-        "Seed-naive: vLLM 0.26's per-request loop (`aio_mclookup._reference`) + one "
+        "Seed-naive: vLLM's per-request loop for the layout's release (0.26 unless the "
+        "scenario says 0.33; `aio_mclookup._reference`) + one "
         "`batch_is_exist` per request via the loop's default executor. Coordinator: default "
         "options, fresh per repetition.",
         "",
