@@ -1,10 +1,11 @@
 """Coordinator vs seed-naive against a real Mooncake master on loopback, in the same run.
 
-Seed-naive is vLLM's per-request way: its key-building loop and hit search (the faithful
-ports in ``aio_mclookup._reference``, for the layout's release) plus one ``batch_is_exist``
-per request through the loop's default executor, as Mooncake's own async wrapper does. The coordinator runs with its default
-options, a fresh one per repetition (no cache outlives a repetition). Both see the same requests
-on the same store; every repetition checks that both give identical hits.
+Seed-naive is vLLM's per-request way: its key-building loop and hit search (the faithful ports
+in ``aio_mclookup._reference``, for the layout's release) plus one ``batch_is_exist`` per
+request through the loop's default executor, as Mooncake's own async wrapper does. The
+coordinator runs with its default options, a fresh one per repetition (no cache outlives a
+repetition). Both see the same requests on the same store; every repetition checks that both
+give identical hits.
 
 Scenarios (from the coalescing issue):
 
