@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aio_mclookup as mcl
+from aio_mclookup._plan.probing import ProbeState
 from aio_mclookup._reference.v033 import BaselineLookupV033
 
 MAX_UNITS = 80
@@ -151,7 +152,7 @@ def _probed_result(
     plan: mcl.LookupPlan, answers: list[int], window: int | None
 ) -> mcl.LookupResult:
     present = np.array([a == 1 for a in answers], dtype=bool)
-    state = plan.probing()
+    state = ProbeState(plan)
     seen: set[int] = set()
     for _ in range(plan.num_keys + 2):
         idx = state.next_keys(window)
@@ -302,7 +303,7 @@ def test_rounds_of_a_lone_full_attention_plan_are_exact_and_partial() -> None:
     plan = layout.plan(16 * 40, _h(40))
     assert not plan.probe_in_one_round
     present = np.array([i < 23 for i in range(plan.num_keys)])
-    state = plan.probing()
+    state = ProbeState(plan)
     sent = 0
     while True:
         idx = state.next_keys(4)
@@ -319,7 +320,7 @@ def test_hybrid_plans_probe_in_one_round() -> None:
     layout = _layout([mcl.FullAttention(32), mcl.SlidingWindow(8, 8)], 8, 32)
     plan = layout.plan(128, _h(16))
     assert plan.probe_in_one_round
-    state = plan.probing()
+    state = ProbeState(plan)
     idx = state.next_keys(1)
     assert list(idx) == list(range(plan.num_keys))  # everything, whatever the window
     state.record(idx, [True] * plan.num_keys)
@@ -333,7 +334,7 @@ def test_026_results_carry_no_boundaries() -> None:
     assert plan.resolve_result([1] * 4) == mcl.LookupResult(64)
     assert plan.resolve_result([1] * 4).to_bytes() == bytes.fromhex("00000040")
     assert plan.resolve_result(None) == mcl.LookupResult(0)
-    state = plan.probing()
+    state = ProbeState(plan)
     while len(idx := state.next_keys()):
         state.record(idx, [True] * len(idx))
     assert state.result == mcl.LookupResult(64)

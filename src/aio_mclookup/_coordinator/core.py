@@ -117,6 +117,8 @@ class CoordinatorCore:
         self.settled: list[LookupState] = []
         """Lookups settled since the shell last looked (it empties the list)."""
         self.rpcs_in_flight = 0
+        self.fresh_keys = False
+        """Keys were queued since the shell last looked: time to dispatch (it resets it)."""
         self.breaker = Breaker(options.failure_backoff)
         self.lookups: dict[int, LookupState] = {}  # by ident: the subscribers' registry
         self.pending_keys = 0
@@ -158,10 +160,11 @@ class CoordinatorCore:
         if lookup.walk is not None:
             self._end_walk(lookup)
         lookup.done = True
+        lookup.waiter = None  # (the caller's future: no reference cycle left behind)
         del self.lookups[lookup.ident]
         self.pending_keys -= lookup.plan.num_keys
         if lookup.waiting:
-            self._forget(lookup)
+            self._drop_queued_keys(lookup)
 
     def fail(self, lookup: LookupState, error: BaseException) -> None:
         """Settle ``lookup`` with ``error`` (unless it is settled already)."""
@@ -309,6 +312,7 @@ class CoordinatorCore:
         if fresh:
             table.queue_round(keys)
             self._dispatch_lookups.add(lookup)
+            self.fresh_keys = True
         return lookup.waiting > 0
 
     def _subscribed(self, subscribers: Subscribers) -> Iterator[tuple[LookupState, int]]:
@@ -339,7 +343,7 @@ class CoordinatorCore:
         except Exception as exc:
             self._fail_on(lookup, exc)
         if lookup.followers:  # a walker's round is over: its followers go on from there
-            self._release(lookup, settled=lookup.done)
+            self._release_followers(lookup, settled=lookup.done)
 
     # ------------------------------------------------------------------ caches and walkers
     def _prefill_from_cache(self, lookup: LookupState, prefix_mode: bool) -> None:
@@ -402,9 +406,9 @@ class CoordinatorCore:
         It takes the walker's answers for the chunks both share (same hash rows, so the same
         keys and answers). If it is then at the walker's current chunk, with the same hash
         there, and the walker's round fits one RPC, it waits for that round (see
-        :meth:`_release`) and returns True: a wait no longer than joining the walker's keys
-        would be. Otherwise it probes by itself (False), and becomes the walker if there is
-        none."""
+        :meth:`_release_followers`) and returns True: a wait no longer than joining the
+        walker's keys would be. Otherwise it probes by itself (False), and becomes the walker
+        if there is none."""
         rows, key = lookup.prefix_rows, lookup.prompt
         start = lookup.state.known_prefix
         if rows is None or key is None or start is None or start >= rows.shape[0]:
@@ -464,9 +468,9 @@ class CoordinatorCore:
             del self._walkers[walker.walk]
         walker.walk = None
         if walker.followers:
-            self._release(walker, settled=True)
+            self._release_followers(walker, settled=True)
 
-    def _release(self, walker: LookupState, settled: bool) -> None:
+    def _release_followers(self, walker: LookupState, settled: bool) -> None:
         """The walker finished a round (or settled): followers whose chunks it has not yet
         passed keep waiting; the others take what it found and follow again, or probe by
         themselves."""
@@ -488,7 +492,7 @@ class CoordinatorCore:
             except Exception as exc:
                 self._fail_on(lookup, exc)
 
-    def _forget(self, lookup: LookupState) -> None:
+    def _drop_queued_keys(self, lookup: LookupState) -> None:
         """Drop a finished lookup's queued probes that nobody else waits for."""
         queued = self.table.queued
         if not lookup.waiting or not queued:

@@ -272,7 +272,7 @@ class LookupCoordinator:
         if self._waiters or not self._has_room(plan.num_keys):  # else no coroutine
             await self._admit(plan.num_keys, deadline, limit)
             admitted_late = True
-        waiter: asyncio.Future[LookupState] = loop.create_future()
+        waiter: asyncio.Future[None] = loop.create_future()
         if admitted_late:
             self._reserved[0] -= 1
             self._reserved[1] -= plan.num_keys
@@ -282,7 +282,8 @@ class LookupCoordinator:
             timer = loop.call_at(deadline, self._expire, lookup, limit)
         self._after()
         try:
-            return await waiter
+            await waiter
+            return lookup
         finally:
             if timer is not None:
                 timer.cancel()
@@ -290,7 +291,8 @@ class LookupCoordinator:
                 waiter.cancel()
             elif not waiter.cancelled():
                 waiter.exception()  # mark retrieved, whoever stopped waiting
-            core.finish(lookup)
+            core.finish(lookup)  # (may release a walker's followers: they go on now)
+            self._after()
             if self._waiters:
                 self._admit_next()
 
@@ -310,14 +312,16 @@ class LookupCoordinator:
             if waiter is None or waiter.done():
                 continue
             if lookup.error is None:
-                waiter.set_result(lookup)
+                waiter.set_result(None)  # (not the lookup: no reference cycle for the GC)
             else:
                 waiter.set_exception(lookup.error)
 
     def _after(self) -> None:
         """After the core ran: wake settled callers, and the dispatcher for queued keys."""
         self._deliver()
-        if self._core.table.queued:
+        core = self._core
+        if core.fresh_keys:
+            core.fresh_keys = False
             assert self._wake is not None
             self._wake.set()
 
@@ -467,8 +471,10 @@ class LookupCoordinator:
     def _settle(
         self, keys: tuple[bytes, ...], sent_at: float, outcome: Sequence[int] | BaseException
     ) -> None:
-        self._core.settle_rpc(keys, sent_at, outcome, time.monotonic())
+        core = self._core
+        core.settle_rpc(keys, sent_at, outcome, time.monotonic())
         self._deliver()
+        core.fresh_keys = False
         assert self._wake is not None
         self._wake.set()  # a slot is free: queued keys may go out
 

@@ -370,9 +370,9 @@ class LocalMaster:
                 if self.rpc_port is None:
                     self.rpc_port, self.metrics_port, self.metadata_port = _free_ports(3)
                 if self._metadata is None or self._metadata.poll() is not None:
-                    self._forget(self._metadata)
+                    self._drop_exited(self._metadata)
                     self._metadata = self._spawn("metadata", self._metadata_argv())
-                self._forget(self._master)
+                self._drop_exited(self._master)
                 self._master = self._spawn("master", self._master_argv())
                 failure = yield from self._wait_ready_steps(deadline)
                 if failure is None:
@@ -443,7 +443,7 @@ class LocalMaster:
             shutil.rmtree(self._log_dir, ignore_errors=True)
             self._log_dir = None
 
-    def _forget(self, proc: subprocess.Popen[bytes] | None) -> None:
+    def _drop_exited(self, proc: subprocess.Popen[bytes] | None) -> None:
         if proc is not None and proc.poll() is not None and proc in self._children:
             self._children.remove(proc)
 

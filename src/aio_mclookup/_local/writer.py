@@ -14,7 +14,7 @@ from .._store.pool import LOOPBACK, ClientPool
 __all__ = ["StoreWriter"]
 
 _CHUNK = 1000
-"""Keys per writer RPC: large requests stall ~40 ms on loopback's delayed ACK above ~2000 keys."""
+"""Keys per writer RPC: larger requests stall now and then on loopback (docs/mooncake.md)."""
 
 
 class StoreWriter(ClientPool):

@@ -7,8 +7,8 @@ precomputed key prefixes (``keys``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,31 +27,7 @@ from .keys import assemble, assemble_range, build_key_array, one_key
 from .probe import GroupProbe
 from .targets import probe_targets
 
-__all__ = ["LookupPlan", "Probing", "build_plan"]
-
-
-class Probing(Protocol):
-    """What :meth:`LookupPlan.probing` returns: ``_plan.probing.ProbeState`` (which imports
-    this module, so it registers itself in :data:`_PROBE_STATE` instead of being imported)."""
-
-    hit: int | None
-    rounds: int
-
-    @property
-    def result(self) -> LookupResult | None: ...
-
-    @property
-    def known_prefix(self) -> int | None: ...
-
-    def next_keys(self, window: int | None = None) -> KeyIndices: ...
-
-    def record(self, key_indices: KeyIndices, present: Sequence[object] | BoolArray) -> None: ...
-
-    def record_present(self, key_indices: range) -> None: ...
-
-
-_PROBE_STATE: list[Callable[[LookupPlan, bool], Probing]] = []
-"""``ProbeState``, registered by ``_plan.probing`` (imported by this package's ``__init__``)."""
+__all__ = ["LookupPlan", "build_plan"]
 
 
 class LookupPlan:
@@ -188,12 +164,6 @@ class LookupPlan:
 
 
 
-
-    def probing(self, rounds: bool = True) -> Probing:
-        """A ``ProbeState`` to probe this plan in rounds (one round if not ``rounds``): it
-        names the keys to send next, takes their answers, and settles on :attr:`hit` and
-        ``result`` exactly as resolving every answer at once would."""
-        return _PROBE_STATE[0](self, rounds)
 
     def resolve_result(self, exists: Sequence[int] | npt.NDArray[Any] | None) -> LookupResult:
         """vLLM's lookup result from the store's per-key answers (``None``: ``batch_is_exist``

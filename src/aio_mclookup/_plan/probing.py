@@ -12,7 +12,7 @@ from .._resolve.answers import first_false
 from .._resolve.hits import longest_hit
 from .._resolve.presence import merge
 from .._resolve.result import LookupResult
-from .plan import _PROBE_STATE, LookupPlan
+from .plan import LookupPlan
 
 __all__ = ["SCOUT_WINDOW", "ProbeState"]
 
@@ -301,4 +301,3 @@ def _contiguous_run(indices: KeyIndices) -> int:
     return int(steps.argmax()) + 1
 
 
-_PROBE_STATE.append(ProbeState)  # what LookupPlan.probing() builds (plan cannot import this)

@@ -46,10 +46,11 @@ class MooncakeStore(ClientPool):
     bind all interfaces; no option changes that. For hard isolation run in a network namespace.
 
     ``setup()`` and ``close()`` of the Mooncake client hold the GIL for their whole duration (the
-    process freezes; ~20-40 ms setup, ~0.3-1 s close), so open the store at start-up and close it
-    at shut-down, not per request. A dead master fails :meth:`open` fast with
-    ``StoreError(code=-900)`` thanks to a TCP probe. While the master is down, each lookup returns
-    after up to ~4.4 s (reconnect back-off) with ``StoreError(code=-900)``; the client reconnects
+    process freezes meanwhile; docs/mooncake.md has the figures), so open the store at start-up
+    and close it at shut-down, not per request. A dead master fails :meth:`open` fast with
+    ``StoreError(code=-900)`` thanks to a TCP probe, a hung one with ``code=-901`` thanks to a
+    liveness probe. While the master is down, each lookup returns
+    after the client's reconnect back-off with ``StoreError(code=-900)``; the client reconnects
     by itself when the master is back (keys are lost: the master keeps them in memory only).
     """
 
@@ -88,7 +89,7 @@ class MooncakeStore(ClientPool):
 
         ``str`` and ``bytes`` keys are both accepted (bytes compare byte-exact with the UTF-8 of
         a str key); a bare ``str`` raises :class:`InvalidRequest`. The batch is sent as one RPC:
-        keep it at <= ~1000 keys (larger requests can stall ~40 ms on loopback's delayed ACK).
+        keep it at <= ~1000 keys (larger requests stall now and then on loopback: docs/mooncake.md).
 
         Raises :class:`ClosedError` before :meth:`open` or after :meth:`aclose`, and
         :class:`StoreError` when the RPC failed (every answer the same negative code, ``code`` set)

@@ -215,7 +215,7 @@ class ClientPool:
 
         Raises :class:`StoreError` with ``code=-900`` at once when the master's RPC port (or an
         HTTP metadata server) does not accept a TCP connect within ``setup_timeout``, instead of
-        letting ``setup()`` retry for ~4.4 s per attempt while holding the GIL. A non-zero
+        letting ``setup()`` retry while holding the GIL (docs/mooncake.md, Failures). A non-zero
         ``setup()`` return raises :class:`StoreError` with that code. On any failure the object is
         closed. ``setup()`` holds the GIL while it runs, so the whole process pauses for it.
         """
@@ -240,8 +240,9 @@ class ClientPool:
     async def aclose(self) -> None:
         """Refuse new calls, wait for in-flight ones, close the client, stop the threads.
 
-        Idempotent. In-flight calls are bounded by the client's RPC timeout (and ~4.4 s per call
-        while the master is down). ``close()`` holds the GIL (~0.3-2 s): close at shut-down only.
+        Idempotent. In-flight calls are bounded by the client's RPC timeout (and its reconnect
+        back-off while the master is down). ``close()`` holds the GIL for a while: close at
+        shut-down only (figures in docs/mooncake.md).
         """
         fut = self._begin_close()
         # Shielded: a caller that stops waiting must not cancel the close job itself.
@@ -332,7 +333,7 @@ class ClientPool:
             )
         self._after_setup(client)
 
-    def _release(self, _fut: concurrent.futures.Future[Any]) -> None:
+    def _call_finished(self, _fut: concurrent.futures.Future[Any]) -> None:
         with self._cond:
             self._inflight -= 1
             if self._inflight == 0:
@@ -347,7 +348,7 @@ class ClientPool:
             # Submit under the lock so that no call can queue behind the close job.
             cf = self._pool.submit(fn)
             self._inflight += 1
-        cf.add_done_callback(self._release)
+        cf.add_done_callback(self._call_finished)
         return cf
 
     async def _call(self, fn: Callable[[], _T], state: str = _OPEN) -> _T:

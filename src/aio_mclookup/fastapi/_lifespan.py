@@ -70,13 +70,13 @@ def coordinator_lifespan(
                 await stack.enter_async_context(the_store)  # type: ignore[arg-type]
             await stack.enter_async_context(coordinator)
             setattr(app.state, STATE_KEY, coordinator)
-            stack.callback(_forget, app, coordinator)
+            stack.callback(_drop_from_state, app, coordinator)
             yield {STATE_KEY: coordinator}
 
     return lifespan
 
 
-def _forget(app: Any, coordinator: LookupCoordinator) -> None:
+def _drop_from_state(app: Any, coordinator: LookupCoordinator) -> None:
     if getattr(app.state, STATE_KEY, None) is coordinator:
         delattr(app.state, STATE_KEY)
 
