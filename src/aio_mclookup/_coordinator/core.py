@@ -199,14 +199,15 @@ class CoordinatorCore:
         options = self.options
         while not lookup.done:
             window = options.probe_window
-            if window is not None and self.busy:
+            if window is not None and (self.rpcs_in_flight or self.table.queued):  # busy
                 if lookup.likely_miss and not state.rounds:
                     window = 1  # test the likely miss alone first
                 else:
                     window <<= min(state.rounds, 20)
             else:  # an idle store: latency first, probe everything the answer rests on
                 window = None
-            window = self._bounded(lookup, window)
+            if lookup.plan.num_keys > options.max_round_keys:
+                window = self._bounded(lookup, window)
             wanted = state.next_keys(window)
             count = len(wanted)
             if not count:
@@ -229,8 +230,6 @@ class CoordinatorCore:
         round's window is in chunks per spec-group; each chunk has a key per namespace and
         member group)."""
         plan = lookup.plan
-        if plan.num_keys <= self.options.max_round_keys:
-            return window
         per_chunk = len(plan.geometry.namespaces) * max(1, len(plan.groups))
         cap = max(1, self.options.max_round_keys // per_chunk - _SCOUTS)
         return cap if window is None or window > cap else window

@@ -234,7 +234,7 @@ class LookupCoordinator:
         """Run one plan, with the lookup-level statistics."""
         if self._closed:
             raise ClosedError("the coordinator is closed")
-        limit = self.options.timeout if timeout is DEFAULT else check_timeout("timeout", timeout)
+        limit = self._options.timeout if timeout is DEFAULT else check_timeout("timeout", timeout)
         if self._dispatcher is None:
             self._start()
         started = time.perf_counter()
