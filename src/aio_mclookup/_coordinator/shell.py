@@ -231,18 +231,41 @@ class LookupCoordinator:
         return self._layout_or_default(layout).plan(n, block_hashes)  # raises InvalidRequest
 
     async def _lookup(self, plan: LookupPlan, timeout: float | _Default | None) -> LookupState:
-        """Run one plan, with the lookup-level statistics."""
+        """Admit, probe and resolve one plan, with the lookup-level statistics; cleans up
+        whatever way it ends. (One coroutine per lookup: each await level costs.)"""
         if self._closed:
             raise ClosedError("the coordinator is closed")
         limit = self._options.timeout if timeout is DEFAULT else check_timeout("timeout", timeout)
         if self._dispatcher is None:
             self._start()
+        loop = self._loop
+        assert loop is not None
+        core = self._core
         started = time.perf_counter()
         stats = self._stats
         stats.keys_planned_total += plan.num_keys
         stats.requested_tokens_total += max(plan.token_len, 0)
+        if not plan.num_keys:
+            empty = core.begin(plan, time.monotonic())  # (settles at once: vLLM's 0)
+            core.finish(empty)
+            self._deliver()
+            stats.lookups_total += 1
+            return empty
+        deadline = None if limit is None else loop.time() + limit
+        timer = None
+        waiter: asyncio.Future[None] | None = None
+        lookup: LookupState | None = None
         try:
-            state = await self._run(plan, limit)
+            if self._waiters or not self._has_room(plan.num_keys):  # else no coroutine
+                await self._admit(plan.num_keys, deadline, limit)
+                self._reserved[0] -= 1
+                self._reserved[1] -= plan.num_keys
+            waiter = loop.create_future()
+            lookup = core.begin(plan, time.monotonic(), waiter)
+            if deadline is not None and not lookup.done:  # a timer, not wait_for: no task
+                timer = loop.call_at(deadline, self._expire, lookup, limit)
+            self._after()
+            await waiter
         except asyncio.CancelledError:
             stats.lookups_cancelled_total += 1
             raise
@@ -251,50 +274,24 @@ class LookupCoordinator:
             stats.lookups_failed_total += 1
             stats.count_error(error_label(exc))
             raise
-        stats.lookups_total += 1
-        stats.hit_tokens_total += state.hit
-        stats.lookup_seconds.observe(time.perf_counter() - started)
-        return state
-
-    async def _run(self, plan: LookupPlan, limit: float | None) -> LookupState:
-        """Admit, probe and resolve one plan within ``limit`` seconds; cleans up whatever way
-        it ends."""
-        loop = self._loop
-        assert loop is not None
-        core = self._core
-        if not plan.num_keys:
-            state = core.begin(plan, time.monotonic())  # (settles at once: vLLM's 0)
-            core.finish(state)
-            self._deliver()
-            return state
-        deadline = None if limit is None else loop.time() + limit
-        admitted_late = False
-        if self._waiters or not self._has_room(plan.num_keys):  # else no coroutine
-            await self._admit(plan.num_keys, deadline, limit)
-            admitted_late = True
-        waiter: asyncio.Future[None] = loop.create_future()
-        if admitted_late:
-            self._reserved[0] -= 1
-            self._reserved[1] -= plan.num_keys
-        lookup = core.begin(plan, time.monotonic(), waiter)
-        timer = None
-        if deadline is not None and not lookup.done:  # a timer, not wait_for: no extra task
-            timer = loop.call_at(deadline, self._expire, lookup, limit)
-        self._after()
-        try:
-            await waiter
-            return lookup
         finally:
             if timer is not None:
                 timer.cancel()
-            if not waiter.done():
-                waiter.cancel()
-            elif not waiter.cancelled():
-                waiter.exception()  # mark retrieved, whoever stopped waiting
-            core.finish(lookup)  # (may release a walker's followers: they go on now)
-            self._after()
+            if waiter is not None:
+                if not waiter.done():
+                    waiter.cancel()
+                elif not waiter.cancelled():
+                    waiter.exception()  # mark retrieved, whoever stopped waiting
+            if lookup is not None:
+                core.finish(lookup)  # (may release a walker's followers: they go on now)
+                self._after()
             if self._waiters:
                 self._admit_next()
+        assert lookup is not None
+        stats.lookups_total += 1
+        stats.hit_tokens_total += lookup.state.hit or 0
+        stats.lookup_seconds.observe(time.perf_counter() - started)
+        return lookup
 
     def _expire(self, lookup: LookupState, limit: float | None) -> None:
         self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
