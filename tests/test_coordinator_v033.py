@@ -11,9 +11,9 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_hits_v033 import requests
 
 import aio_mclookup as mcl
+from test_hits_v033 import requests
 
 try:
     import uvloop
