@@ -35,7 +35,7 @@ from .._errors import Error, InternalError, StoreError
 from .._layout.groups import FullAttention
 from .._observe.stats import CoordinatorStats
 from .._plan.plan import LookupPlan
-from .._plan.probing import ProbeState
+from .._plan.probing import SCOUTS, ProbeState
 from .breaker import Breaker
 from .caches import KnownPrefixes, NextChunk, PositiveCache, common_rows
 from .options import CoordinatorOptions
@@ -48,8 +48,6 @@ logger = logging.getLogger("aio_mclookup")
 _EAGER_KEYS = 4096
 """Plans up to this many keys build them all at once; except a lone full-attention group,
 which builds only the ranges its rounds probe (the caches answer most of its keys)."""
-_SCOUTS = 4
-"""Chunks a prefix-mode round may probe beyond its window (see :class:`ProbeState`)."""
 _NOTHING_CACHED: dict[bytes, float] = {}  # never written: a dict's get beats a proxy's
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
@@ -180,11 +178,6 @@ class CoordinatorCore:
         self.table.clear_queued()
         self.table.in_flight.clear()
 
-    @property
-    def busy(self) -> bool:
-        """RPCs are in flight or keys are queued: rounds then probe in windows."""
-        return bool(self.rpcs_in_flight or self.table.queued)
-
     def _fail_on(self, lookup: LookupState, exc: Exception) -> None:
         """A round of ``lookup`` raised: vLLM's own error cases are :class:`Error` already
         (``InvalidRequest``); anything else is a bug of ours, logged, failing only it."""
@@ -231,7 +224,7 @@ class CoordinatorCore:
         member group)."""
         plan = lookup.plan
         per_chunk = len(plan.geometry.namespaces) * max(1, len(plan.groups))
-        cap = max(1, self.options.max_round_keys // per_chunk - _SCOUTS)
+        cap = max(1, self.options.max_round_keys // per_chunk - SCOUTS)  # (scouts: past it)
         return cap if window is None or window > cap else window
 
     def _record_round(self, lookup: LookupState) -> None:

@@ -14,10 +14,12 @@ from .._resolve.presence import merge
 from .._resolve.result import LookupResult
 from .plan import LookupPlan
 
-__all__ = ["SCOUT_WINDOW", "ProbeState"]
+__all__ = ["SCOUTS", "SCOUT_WINDOW", "ProbeState"]
 
 SCOUT_WINDOW = 8
 """Prefix-mode rounds probing at least this many chunks also send scouts (see ProbeState)."""
+SCOUTS = 4
+"""Scouts a wide prefix-mode window carries: the last chunk of each quarter of the next."""
 
 
 class ProbeState:
@@ -177,7 +179,7 @@ class ProbeState:
             return chunks
         quarter = window // 2  # of the next window, twice as wide
         keys = list(chunks)
-        for chunk in range(stop + quarter - 1, min(bound, stop + 4 * quarter), quarter):
+        for chunk in range(stop + quarter - 1, min(bound, stop + SCOUTS * quarter), quarter):
             keys.extend(range(offset + chunk * k, offset + (chunk + 1) * k))
         self._scouted = np.array(keys, dtype=np.int64)
         self._scouted_run = len(chunks)
