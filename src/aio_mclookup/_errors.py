@@ -10,6 +10,7 @@ __all__ = [
     "LookupTimeout",
     "Overloaded",
     "StoreError",
+    "UnsupportedLayout",
     "error_label",
 ]
 
@@ -28,6 +29,11 @@ class InvalidRequest(Error, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class UnsupportedLayout(InvalidRequest):
+    """The running vLLM, or its KV-cache layout, is one whose lookup the library does not
+    reproduce exactly (the vLLM plug-in then keeps vLLM's own lookup client)."""
 
 
 class LookupTimeout(Error, TimeoutError):

@@ -19,6 +19,7 @@ from .._errors import InvalidRequest
 from .._plan.era_c import build_era_c_plan
 from .._plan.hashes import HashInput
 from .._plan.plan import LookupPlan, build_plan
+from .from_vllm import check_against_vllm, layout_arguments
 from .geometry import Geometry
 from .groups import (
     KINDS,
@@ -374,6 +375,20 @@ class KVLayout:
         in fine-grained mode."""
         rules = self._geometry.rules
         return self.scheduler_block_size if rules is None else rules.alignment
+
+    # ------------------------------------------------------------------------------ from vLLM
+    @classmethod
+    def from_vllm(cls, vllm_config: Any, kv_cache_config: Any) -> KVLayout:
+        """The layout of a running vLLM engine (0.32 or 0.33), read as its Mooncake store worker
+        reads it: groups and block sizes from ``kv_cache_config``; EAGLE, ranks, KV heads and
+        the model from ``vllm_config``; ``cache_prefix`` and the store namespace from the
+        connector's extra config; the rules of ``vllm.__version__``. The result is checked
+        against vLLM's own store coordinator. :class:`UnsupportedLayout` (an
+        :class:`InvalidRequest`) for a release or layout that cannot be reproduced exactly."""
+        groups, arguments = layout_arguments(vllm_config, kv_cache_config)
+        layout = cls(groups, **arguments)
+        check_against_vllm(layout, vllm_config, kv_cache_config)
+        return layout
 
     # ------------------------------------------------------------------------------ dict form
     @classmethod

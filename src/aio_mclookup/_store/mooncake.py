@@ -12,7 +12,7 @@ from typing import Any
 
 from .._errors import InvalidRequest, StoreError
 from .codes import raise_if_failed_rpc
-from .pool import LOOPBACK, ClientPool, as_error
+from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error
 
 __all__ = ["MooncakeStore"]
 
@@ -31,7 +31,8 @@ class MooncakeStore(ClientPool):
 
     Blocking client calls run on a private ``ThreadPoolExecutor`` of ``threads`` workers (also
     exposed as ``max_concurrency``), never on the loop's default executor. Concurrent calls on one
-    client are safe and give correct results.
+    client are safe and give correct results. ``tenant_id`` is the Mooncake tenant whose keys
+    are looked up (the writers' ``tenant_id``; Mooncake's default is ``"default"``).
 
     Process-wide environment: before the client is built, :meth:`open` sets these only where the
     process has not (``os.environ.setdefault``; the client reads them at construction, so the
@@ -65,7 +66,12 @@ class MooncakeStore(ClientPool):
         rpc_timeout: float = 2.0,
         setup_timeout: float = 10.0,
         local_hostname: str = LOOPBACK,
+        tenant_id: str = DEFAULT_TENANT,
     ) -> None:
+        if not isinstance(tenant_id, str) or not tenant_id.strip():
+            raise InvalidRequest(
+                f"tenant_id must be a non-empty str, got {tenant_id!r}", field="tenant_id"
+            )
         super().__init__(
             master_address,
             metadata_server,
@@ -75,6 +81,7 @@ class MooncakeStore(ClientPool):
             local_hostname=local_hostname,
             global_segment_size=0,
             local_buffer_size=0,
+            tenant_id=tenant_id.strip(),
         )
         self.max_concurrency = threads
 

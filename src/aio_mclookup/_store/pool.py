@@ -127,6 +127,9 @@ def port_accepts(port: int, host: str = LOOPBACK) -> bool:
         return False
 
 
+DEFAULT_TENANT = "default"
+"""Mooncake's tenant when none is set: the master keeps one key space per tenant."""
+
 _NEW, _OPENING, _OPEN, _CLOSING, _CLOSED = "new", "opening", "open", "closing", "closed"
 
 
@@ -136,10 +139,12 @@ def client_config(
     local_hostname: str,
     global_segment_size: int = 0,
     local_buffer_size: int = 0,
+    tenant_id: str = DEFAULT_TENANT,
 ) -> dict[str, Any]:
     """The ``setup()`` config of a Mooncake client over TCP (lookup-only: no segment, no
-    buffer)."""
-    return {
+    buffer); ``tenant_id`` selects the master's key space (Mooncake's own default
+    ``"default"``)."""
+    config: dict[str, Any] = {
         "local_hostname": local_hostname,
         "metadata_server": metadata_server,
         "master_server_addr": master_address,
@@ -147,6 +152,9 @@ def client_config(
         "local_buffer_size": local_buffer_size,
         "protocol": "tcp",
     }
+    if tenant_id != DEFAULT_TENANT:
+        config["tenant_id"] = tenant_id
+    return config
 
 
 class ClientPool:
@@ -172,6 +180,7 @@ class ClientPool:
         local_hostname: str,
         global_segment_size: int,
         local_buffer_size: int,
+        tenant_id: str = DEFAULT_TENANT,
     ) -> None:
         positive_int("threads", threads)
         for name, seconds in (("rpc_timeout", rpc_timeout), ("setup_timeout", setup_timeout)):
@@ -185,7 +194,12 @@ class ClientPool:
         self.local_hostname = local_hostname
         self._threads = threads
         self._config = client_config(
-            master_address, metadata_server, local_hostname, global_segment_size, local_buffer_size
+            master_address,
+            metadata_server,
+            local_hostname,
+            global_segment_size,
+            local_buffer_size,
+            tenant_id,
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix=f"mooncake-{self._role}"

@@ -1,0 +1,57 @@
+"""Where the scheduler's own Mooncake client connects: the workers' ``MOONCAKE_CONFIG_PATH``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import InvalidRequest
+from .._store.pool import DEFAULT_TENANT
+
+__all__ = ["StoreSettings", "store_settings"]
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """The master, metadata server and tenant a lookup-only client needs (no segment)."""
+
+    master_address: str
+    metadata_server: str
+    tenant_id: str
+
+
+def store_settings(environ: Mapping[str, str] = os.environ) -> StoreSettings:
+    """Read the JSON file named by ``MOONCAKE_CONFIG_PATH`` as vLLM's workers read it
+    (``master_server_address``, ``metadata_server``, ``tenant_id``: null or blank means
+    Mooncake's ``"default"``); :class:`InvalidRequest` naming what is missing."""
+    path = environ.get("MOONCAKE_CONFIG_PATH")
+    if not path:
+        raise InvalidRequest(
+            "MOONCAKE_CONFIG_PATH is not set: the scheduler's lookup client reads the workers' "
+            "Mooncake config from it",
+            field="MOONCAKE_CONFIG_PATH",
+        )
+    try:
+        with open(path, encoding="utf-8") as file:
+            config: Any = json.load(file)
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(
+            f"MOONCAKE_CONFIG_PATH={path!r} cannot be read as JSON: {exc}",
+            field="MOONCAKE_CONFIG_PATH",
+        ) from exc
+    if not isinstance(config, dict):
+        raise InvalidRequest(f"{path}: a JSON object expected", field="MOONCAKE_CONFIG_PATH")
+    for name in ("master_server_address", "metadata_server"):
+        if not isinstance(config.get(name), str) or not config[name]:
+            raise InvalidRequest(f"{path}: {name} is missing", field=name)
+    tenant = config.get("tenant_id")
+    if tenant is not None and not isinstance(tenant, str):
+        raise InvalidRequest(f"{path}: tenant_id must be a string or null", field="tenant_id")
+    return StoreSettings(
+        master_address=config["master_server_address"],
+        metadata_server=config["metadata_server"],
+        tenant_id=(tenant or "").strip() or DEFAULT_TENANT,
+    )

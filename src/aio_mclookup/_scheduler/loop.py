@@ -1,0 +1,61 @@
+"""An event loop on a thread of its own, for callers that are not async (vLLM's scheduler)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["LoopThread"]
+
+_T = TypeVar("_T")
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio still works
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class LoopThread:
+    """A daemon thread running one event loop (uvloop when installed) until :meth:`stop`.
+
+    :meth:`submit` runs a coroutine on it from any other thread and returns a
+    :class:`concurrent.futures.Future`; cancelling that future cancels the coroutine.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._loop = _new_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Schedule ``coro`` on the loop (thread-safe)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def call_soon(self, callback: Callable[..., object], *args: object) -> None:
+        """Run ``callback(*args)`` on the loop (thread-safe)."""
+        self._loop.call_soon_threadsafe(callback, *args)
+
+    def stop(self, timeout: float) -> bool:
+        """Stop the loop and join its thread; False if it did not end within ``timeout``
+        seconds (it is a daemon thread, so it never holds the process up)."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+        return not self._thread.is_alive()

@@ -1,0 +1,334 @@
+"""The synchronous scheduler's coalescing client (``_scheduler``): vLLM's LookupKeyClient
+contract over the in-process FakeStore, and over a real master that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aio_mclookup import (
+    CoordinatorOptions,
+    FakeStore,
+    FullAttention,
+    InvalidRequest,
+    KVLayout,
+    LocalMaster,
+    MooncakeStore,
+    StoreError,
+)
+from aio_mclookup._scheduler.client import PLUGIN_DEFAULTS, CoalescingLookupClient
+from aio_mclookup._scheduler.config import store_settings
+
+H = 16
+
+
+def _layout() -> KVLayout:
+    return KVLayout(
+        [FullAttention(H)],
+        model="m",
+        hash_block_size=H,
+        scheduler_block_size=H,
+        vllm_version="0.33.0",
+    )
+
+
+def _hashes(tag: bytes, n: int) -> list[bytes]:
+    out, prev = [], b""
+    for i in range(n):
+        prev = hashlib.sha256(prev + tag + i.to_bytes(4, "big")).digest()
+        out.append(prev)
+    return out
+
+
+def _result(
+    hit: int, bounds: tuple[tuple[int, int], ...]
+) -> tuple[int, tuple[tuple[int, int], ...]]:
+    return hit, bounds
+
+
+def _client(
+    store: Any, *, resets: list[int] | None = None, **options: Any
+) -> CoalescingLookupClient:
+    async def open_store() -> Any:
+        return store
+
+    async def close_store(_store: Any) -> None:
+        return None
+
+    def reset_store() -> bool:
+        if resets is not None:
+            resets.append(1)
+        return True
+
+    return CoalescingLookupClient(
+        _layout(),
+        open_store,
+        close_store,
+        make_result=_result,
+        reset_store=reset_store,
+        options=CoordinatorOptions(**{**PLUGIN_DEFAULTS, **options}),
+        open_timeout=10.0,
+    )
+
+
+def _client_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("aio-mclookup")]
+
+
+@pytest.fixture
+def stored() -> Iterator[tuple[FakeStore, list[bytes]]]:
+    layout = _layout()
+    hashes = _hashes(b"p", 8)
+    plan = layout.plan(8 * H, hashes[:5])
+    store = FakeStore(plan.keys)  # the first five chunks are stored
+    yield store, hashes
+
+
+def _poll(client: CoalescingLookupClient, req_id: str, n: int, hashes: list[bytes]) -> Any:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        out = client.lookup(req_id, n, hashes, non_block=True)
+        if out is not None:
+            return out
+        time.sleep(0.002)
+    raise AssertionError("no answer within 10 s")
+
+
+def test_blocking_lookup_is_vllms_result(stored: tuple[FakeStore, list[bytes]]) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        expected = (
+            _layout()
+            .plan(8 * H, hashes)
+            .resolve_result(
+                [1 if k in store.present else 0 for k in _layout().plan(8 * H, hashes).keys]
+            )
+        )
+        got = client.lookup("r1", 8 * H, hashes)
+        assert got == (expected.hit_length, tuple(tuple(b) for b in expected.tail_key_boundaries))
+        assert got[0] == 5 * H
+    finally:
+        client.close()
+
+
+def test_non_blocking_lookups_of_a_step_start_together(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        ids = [f"r{i}" for i in range(40)]
+        assert all(client.lookup(r, 8 * H, hashes, non_block=True) is None for r in ids)
+        assert store.calls == []  # nothing starts before the step ends
+        client.flush()
+        results = [_poll(client, r, 8 * H, hashes) for r in ids]
+        assert {r[0] for r in results} == {5 * H}
+        assert len(store.calls) < 5  # 40 lookups, a handful of shared RPCs
+    finally:
+        client.close()
+
+
+def test_a_second_poll_starts_an_unflushed_lookup(stored: tuple[FakeStore, list[bytes]]) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert client.lookup("r", 8 * H, hashes, non_block=True) is None
+        assert _poll(client, "r", 8 * H, hashes)[0] == 5 * H  # no flush: the poll starts it
+    finally:
+        client.close()
+
+
+def test_the_result_is_given_once_then_forgotten(stored: tuple[FakeStore, list[bytes]]) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        client.lookup("r", 8 * H, hashes)
+        calls = len(store.calls)
+        store.present.clear()
+        assert client.lookup("r", 8 * H, hashes)[0] == 0  # a new lookup, not the old answer
+        assert len(store.calls) > calls
+    finally:
+        client.close()
+
+
+def test_discard_before_the_step_ends_sends_nothing(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert client.lookup("gone", 8 * H, hashes, non_block=True) is None
+        client.discard("gone")
+        client.flush()
+        client.lookup("other", 8 * H, _hashes(b"q", 3))
+        assert all(k not in store.present for batch in store.calls for k in batch)
+    finally:
+        client.close()
+
+
+def test_a_store_error_gives_a_hit_of_zero_logged(
+    stored: tuple[FakeStore, list[bytes]], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, hashes = stored
+    store.fail_with = -900
+    client = _client(store, failure_backoff=0.05)
+    try:
+        with caplog.at_level(logging.ERROR, logger="aio_mclookup.vllm"):
+            assert client.lookup("r", 8 * H, hashes) == (0, ())
+        assert "lookup failed for r" in caplog.text
+        store.fail_with = None
+        time.sleep(0.1)  # past the coordinator's fail-fast back-off
+        assert client.lookup("r2", 8 * H, hashes)[0] == 5 * H  # the next lookup is unaffected
+    finally:
+        client.close()
+
+
+def test_bad_input_fails_only_its_own_lookup(stored: tuple[FakeStore, list[bytes]]) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert client.lookup("bad", 8 * H, [b"short"] * 8, non_block=True) is None
+        assert client.lookup("good", 8 * H, hashes, non_block=True) is None
+        client.flush()
+        assert _poll(client, "bad", 8 * H, hashes) == (0, ())
+        assert _poll(client, "good", 8 * H, hashes)[0] == 5 * H
+    finally:
+        client.close()
+
+
+def test_reset_wipes_what_the_coordinator_learned(stored: tuple[FakeStore, list[bytes]]) -> None:
+    store, hashes = stored
+    resets: list[int] = []
+    client = _client(store, resets=resets, cache_ttl=60.0)
+    try:
+        assert client.lookup("a", 8 * H, hashes)[0] == 5 * H
+        store.present.clear()  # what vLLM's reset does to the store (remove_all)
+        assert client.reset() is True and resets == [1]
+        assert client.lookup("b", 8 * H, hashes)[0] == 0  # the positive cache did not survive
+    finally:
+        client.close()
+
+
+def test_close_leaves_no_thread_and_answers_zero_after(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    assert _client_threads() == ["aio-mclookup-vllm"]
+    assert client.lookup("pending", 8 * H, hashes, non_block=True) is None
+    client.close()
+    assert _client_threads() == []
+    assert client.lookup("late", 8 * H, hashes) == (0, ())
+    client.close()  # idempotent
+
+
+def test_options_from_the_extra_config() -> None:
+    assert CoalescingLookupClient.options_from({}).timeout == PLUGIN_DEFAULTS["timeout"]
+    assert CoalescingLookupClient.options_from({}).cache_ttl is None
+    opts = CoalescingLookupClient.options_from({"aio_mclookup": {"cache_ttl": 2.0}})
+    assert opts.cache_ttl == 2.0
+    with pytest.raises(InvalidRequest, match="unknown option") as info:
+        CoalescingLookupClient.options_from({"aio_mclookup": {"cache_tll": 2.0}})
+    assert info.value.field == "aio_mclookup"
+    with pytest.raises(InvalidRequest, match="must be a mapping"):
+        CoalescingLookupClient.options_from({"aio_mclookup": 3})
+
+
+def test_store_settings_read_the_workers_config(tmp_path: Path) -> None:
+    path = tmp_path / "mooncake.json"
+    path.write_text(
+        json.dumps(
+            {
+                "master_server_address": "127.0.0.1:1",
+                "metadata_server": "http://x/metadata",
+                "tenant_id": "  team-a ",
+            }
+        )
+    )
+    settings = store_settings({"MOONCAKE_CONFIG_PATH": str(path)})
+    assert (settings.master_address, settings.tenant_id) == ("127.0.0.1:1", "team-a")
+    path.write_text(
+        json.dumps({"master_server_address": "m:1", "metadata_server": "x", "tenant_id": None})
+    )
+    assert store_settings({"MOONCAKE_CONFIG_PATH": str(path)}).tenant_id == "default"
+    with pytest.raises(InvalidRequest, match="not set"):
+        store_settings({})
+    path.write_text("{")
+    with pytest.raises(InvalidRequest, match="cannot be read"):
+        store_settings({"MOONCAKE_CONFIG_PATH": str(path)})
+    path.write_text(json.dumps({"metadata_server": "x"}))
+    with pytest.raises(InvalidRequest) as info:
+        store_settings({"MOONCAKE_CONFIG_PATH": str(path)})
+    assert info.value.field == "master_server_address"
+
+
+def test_a_dead_master_never_blocks_beyond_the_timeout() -> None:
+    """A real master, killed: the blocking lookup returns a hit of 0 within its timeout."""
+    pytest.importorskip("mooncake.store")
+    master = LocalMaster(startup_timeout=30.0)
+    master.start_blocking()
+    store = MooncakeStore(master.master_address, master.metadata_server, rpc_timeout=1.0)
+    try:
+
+        async def open_store() -> Any:
+            await store.open()
+            return store
+
+        async def close_store(s: Any) -> None:
+            await s.aclose()
+
+        client = CoalescingLookupClient(
+            _layout(),
+            open_store,
+            close_store,
+            make_result=_result,
+            reset_store=lambda: True,
+            options=CoordinatorOptions(**{**PLUGIN_DEFAULTS, "timeout": 2.0}),
+            open_timeout=30.0,
+        )
+        try:
+            hashes = _hashes(b"d", 4)
+            assert client.lookup("alive", 4 * H, hashes) == (0, ())
+            asyncio.run(master.kill())
+            started = time.monotonic()
+            assert client.lookup("dead", 4 * H, hashes) == (0, ())
+            assert time.monotonic() - started < 2.0 + 1.0 + 0.5  # timeout + the client's margin
+        finally:
+            client.close()
+        assert _client_threads() == []
+    finally:
+        master.stop_blocking()
+
+
+def test_an_unreachable_master_fails_at_start() -> None:
+    pytest.importorskip("mooncake.store")
+    store = MooncakeStore("127.0.0.1:9", "http://127.0.0.1:9/metadata", setup_timeout=5.0)
+
+    async def open_store() -> Any:
+        await store.open()
+        return store
+
+    async def close_store(s: Any) -> None:
+        await s.aclose()
+
+    with pytest.raises(StoreError):
+        CoalescingLookupClient(
+            _layout(),
+            open_store,
+            close_store,
+            make_result=_result,
+            reset_store=lambda: True,
+            options=CoordinatorOptions(**PLUGIN_DEFAULTS),
+            open_timeout=30.0,
+        )
+    assert _client_threads() == []

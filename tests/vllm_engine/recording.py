@@ -1,0 +1,64 @@
+"""Recording subclasses of a store connector (run inside the vLLM environment).
+
+``recording(cls)`` returns a subclass named ``MooncakeStoreConnector`` that, in the scheduler
+role, records every lookup result its client returns, the time the scheduler spends in
+``get_num_new_matched_tokens`` and in ``build_connector_meta`` (where aio-mclookup's connector
+starts the step's lookups), and the scheduler steps (``build_connector_meta`` calls).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+SCHEDULERS: list[Any] = []
+"""The scheduler-role connectors built in this process (the engine job reads them)."""
+
+
+def recording(base: type) -> type:
+    class MooncakeStoreConnector(base):  # type: ignore[misc,valid-type]
+        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+            super().__init__(vllm_config, role, kv_cache_config)
+            self.results: list[tuple[str, int, int, tuple[tuple[int, int], ...]]] = []
+            self.lookup_seconds = 0.0
+            self.meta_seconds = 0.0
+            self.lookup_calls = 0
+            self.steps = 0
+            self.last_answer_step = 0
+            scheduler = self.connector_scheduler
+            if scheduler is None:
+                return
+            client = scheduler.client
+            inner = client.lookup
+            self.submitted = 0
+
+            def lookup(req_id: str, num_tokens: int, hashes: Any, non_block: bool = False) -> Any:
+                first = req_id not in getattr(client, "futures", getattr(client, "_futures", {}))
+                self.submitted += first
+                out = inner(req_id, num_tokens, hashes, non_block)
+                if out is not None:
+                    self.last_answer_step = self.steps
+                    bounds = tuple((b.group_id, b.num_tokens) for b in out.tail_key_boundaries)
+                    self.results.append((req_id, num_tokens, out.hit_length, bounds))
+                return out
+
+            client.lookup = lookup
+            SCHEDULERS.append(self)
+
+        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+            start = time.perf_counter()
+            try:
+                return super().get_num_new_matched_tokens(request, num_computed_tokens)
+            finally:
+                self.lookup_seconds += time.perf_counter() - start
+                self.lookup_calls += 1
+
+        def build_connector_meta(self, scheduler_output: Any) -> Any:
+            self.steps += 1
+            start = time.perf_counter()
+            try:
+                return super().build_connector_meta(scheduler_output)
+            finally:
+                self.meta_seconds += time.perf_counter() - start
+
+    return MooncakeStoreConnector
