@@ -430,3 +430,16 @@ def test_leave_one_token_only_on_026() -> None:
 def test_exports() -> None:
     for name in ("LookupResult", "TailKeyBoundary", "CircularBuffer"):
         assert name in mcl.__all__ and getattr(mcl, name).__module__ == "aio_mclookup"
+
+
+def test_from_vllm_maps_releases_to_their_rules() -> None:
+    from aio_mclookup import InvalidRequest, UnsupportedLayout
+    from aio_mclookup._layout.from_vllm import running_release
+
+    assert running_release("0.32.0") == "0.32.0"
+    assert running_release("0.32.1+cpu") == "0.32.0"
+    assert running_release("0.33.0") == "0.33.0"
+    for other in ("0.26.0", "0.31.2", "0.34.0", "1.0.0"):
+        with pytest.raises(UnsupportedLayout, match=r"0\.32, 0\.33 only") as info:
+            running_release(other)
+        assert isinstance(info.value, InvalidRequest) and info.value.field == "vllm_version"

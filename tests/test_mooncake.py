@@ -228,6 +228,21 @@ async def test_call_back_form_answers_like_batch_is_exist(
     assert mooncake_store.in_flight == 0
 
 
+async def test_blocking_form_answers_like_batch_is_exist(
+    store_writer: StoreWriter, mooncake_store: MooncakeStore
+) -> None:
+    """A synchronous caller's form (the vLLM plug-in's synchronous mode), from a thread."""
+    present, absent = _keys(3, "bl-p"), _keys(2, "bl-a")
+    await store_writer.put_keys(present)
+    got = await asyncio.to_thread(mooncake_store.batch_is_exist_blocking, present + absent, 10.0)
+    assert got == [1, 1, 1, 0, 0]
+    assert mooncake_store.batch_is_exist_blocking([]) == []
+    with pytest.raises(StoreError) as info:
+        mooncake_store.batch_is_exist_blocking([1, 2])  # type: ignore[list-item]
+    assert info.value.code is None
+    assert mooncake_store.in_flight == 0
+
+
 async def test_closed_store_raises_closed_error(local_master: LocalMaster) -> None:
     store = MooncakeStore(local_master.master_address, local_master.metadata_server, threads=2)
     with pytest.raises(ClosedError):  # before open: the wheel would segfault

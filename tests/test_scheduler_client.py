@@ -56,7 +56,7 @@ def _result(
 
 
 def _client(
-    store: Any, *, resets: list[int] | None = None, **options: Any
+    store: Any, *, resets: list[int] | None = None, direct: bool = False, **options: Any
 ) -> CoalescingLookupClient:
     async def open_store() -> Any:
         return store
@@ -77,7 +77,18 @@ def _client(
         reset_store=reset_store,
         options=CoordinatorOptions(**{**PLUGIN_DEFAULTS, **options}),
         open_timeout=10.0,
+        exist_blocking=_blocking(store) if direct else None,
     )
+
+
+def _blocking(store: FakeStore) -> Any:
+    def exist(keys: list[bytes], timeout: float | None) -> list[int]:
+        store.calls.append(list(keys))
+        if store.fail_with is not None:
+            raise StoreError("fake store RPC failed", code=-900)
+        return [1 if k in store.present else 0 for k in keys]
+
+    return exist
 
 
 def _client_threads() -> list[str]:
@@ -117,6 +128,31 @@ def test_blocking_lookup_is_vllms_result(stored: tuple[FakeStore, list[bytes]]) 
         got = client.lookup("r1", 8 * H, hashes)
         assert got == (expected.hit_length, tuple(tuple(b) for b in expected.tail_key_boundaries))
         assert got[0] == 5 * H
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["loop", "direct"])
+def test_both_blocking_paths_agree(stored: tuple[FakeStore, list[bytes]], direct: bool) -> None:
+    store, hashes = stored
+    client = _client(store, direct=direct, failure_backoff=0.05)
+    try:
+        cases = [
+            (8 * H, hashes),
+            (8 * H - 3, hashes),
+            (3 * H, hashes[:3]),
+            (8 * H, _hashes(b"x", 8)),
+        ]
+        got = [client.lookup(f"r{i}", n, h) for i, (n, h) in enumerate(cases)]
+        assert got == [
+            (5 * H, ((0, 5 * H),)),
+            (5 * H, ((0, 5 * H),)),
+            (2 * H, ((0, 2 * H),)),
+            (0, ()),
+        ]
+        assert (client.stats().rpcs_total == 0) is direct  # the direct path skips the loop
+        store.fail_with = -900
+        assert client.lookup("failing", 8 * H, hashes) == (0, ())
     finally:
         client.close()
 

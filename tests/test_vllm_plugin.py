@@ -23,6 +23,7 @@ from vllm_engine.harness import EngineSite, engine_site, vllm_python
 pytestmark = pytest.mark.timeout(900)
 
 BLOCK = 32  # the engines' block size (the CPU attention backend needs a multiple of 32)
+EXTRA = {"cache_prefix": "tier"}  # every key then starts "tier@": ours must build it too
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -74,6 +75,7 @@ def runs(site: EngineSite) -> dict[str, Any]:
         {
             "module": "recording_stock",
             "kv_role": "kv_both",
+            "extra": EXTRA,
             "phases": [{"name": "save", "lookup_async": False, "prompts": saved}],
         }
     )
@@ -84,13 +86,24 @@ def runs(site: EngineSite) -> dict[str, Any]:
     ]
     out = {"save": save, "names": [n for n, _ in looked_up], "saved": saved, "looked_up": prompts}
     for module in ("recording_stock", "recording_ours"):
-        out[module] = site.run({"module": module, "kv_role": "kv_consumer", "phases": phases})
+        out[module] = site.run(
+            {"module": module, "kv_role": "kv_consumer", "extra": EXTRA, "phases": phases}
+        )
     return out
 
 
 def test_our_client_serves_the_lookups(runs: dict[str, Any]) -> None:
     assert runs["recording_ours"]["coalescing"] is True
     assert runs["recording_stock"]["coalescing"] is False
+
+
+def test_the_layout_is_read_from_vllm(runs: dict[str, Any], site: EngineSite) -> None:
+    layout = runs["recording_ours"]["layout"]
+    assert layout["groups"] == [{"kind": "full_attention", "block_size": BLOCK}]
+    assert (layout["hash_block_size"], layout["scheduler_block_size"]) == (BLOCK, BLOCK)
+    assert layout["model"] == str(site.model_dir) and layout["cache_prefix"] == "tier"
+    assert (layout["tp_size"], layout["num_kv_heads"]) == (1, 2)
+    assert layout["vllm_version"] == "0.32.0"
 
 
 @pytest.mark.parametrize("phase", [0, 1], ids=["sync", "async"])

@@ -67,8 +67,10 @@ def main() -> None:
         },
     )
     connector = recording.SCHEDULERS[-1]
+    client = getattr(connector, "lookup_client", None)
     report: dict[str, Any] = {
-        "coalescing": getattr(connector, "lookup_client", None) is not None,
+        "coalescing": client is not None,
+        "layout": client.layout.to_dict() if client is not None else None,
         "phases": [],
     }
     for phase in job["phases"]:

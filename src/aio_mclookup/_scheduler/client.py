@@ -74,6 +74,10 @@ class CoalescingLookupClient:
     builds the caller's result type (vLLM's ``MooncakeLookupResult``); ``boundaries`` is a
     tuple of ``(group_id, num_tokens)``.
 
+    A blocking lookup (vLLM's synchronous mode, where nothing can coalesce) skips the loop
+    when ``exist_blocking(keys, timeout)`` is given: the calling thread plans, asks the store
+    and resolves, as vLLM's worker does, with no thread hop but the store's own.
+
     ``open_store`` is awaited once on the loop thread and returns the opened store;
     ``close_store`` is awaited at :meth:`close`. ``reset`` (the store wiped) is delegated to
     ``reset_store`` and then starts a fresh coordinator, so nothing learned before the wipe is
@@ -90,10 +94,12 @@ class CoalescingLookupClient:
         reset_store: Callable[[], bool],
         options: CoordinatorOptions,
         open_timeout: float,
+        exist_blocking: Callable[[list[bytes], float | None], list[int]] | None = None,
     ) -> None:
         self.layout = layout
         self._make_result = make_result
         self._reset_store = reset_store
+        self._exist_blocking = exist_blocking
         self._options = options
         self._close_store = close_store
         self._futures: dict[str, concurrent.futures.Future[LookupResult]] = {}
@@ -145,6 +151,8 @@ class CoalescingLookupClient:
         if future is None:
             if self._closed:
                 return self._make_result(0, ())
+            if not non_block and self._exist_blocking is not None:
+                return self._direct(req_id, num_tokens, block_hashes)
             future = concurrent.futures.Future()
             self._futures[req_id] = future
             self._unsent.append((future, num_tokens, list(block_hashes)))
@@ -163,9 +171,24 @@ class CoalescingLookupClient:
             return self._make_result(0, ())
         finally:
             self._futures.pop(req_id, None)
-        return self._make_result(
-            result.hit_length, tuple((b.group_id, b.num_tokens) for b in result.tail_key_boundaries)
-        )
+        return self._vllm_result(result)
+
+    def _direct(self, req_id: str, num_tokens: int, block_hashes: Sequence[bytes]) -> Any:
+        """One blocking lookup in the calling thread: plan, ask (in chunks of the
+        coordinator's ``max_keys_per_rpc``), resolve; a failure is logged and gives 0."""
+        assert self._exist_blocking is not None
+        options = self._options
+        try:
+            plan = self.layout.plan(num_tokens, list(block_hashes))
+            keys, step = list(plan.keys), options.max_keys_per_rpc
+            answers: list[int] = []
+            for start in range(0, len(keys), step):
+                answers += self._exist_blocking(keys[start : start + step], options.timeout)
+            result = plan.resolve_result(answers)
+        except Exception as exc:  # vLLM's contract: log, then a hit of 0
+            logger.error("aio-mclookup lookup failed for %s: %r", req_id, exc)
+            return self._make_result(0, ())
+        return self._vllm_result(result)
 
     def flush(self) -> None:
         """Start every lookup submitted since the last flush, together (vLLM's connector calls
@@ -183,6 +206,10 @@ class CoalescingLookupClient:
             task = asyncio.ensure_future(coordinator.lookup_result(num_tokens, hashes))
             task.add_done_callback(functools.partial(_settle, future))
             future.add_done_callback(functools.partial(_cancel_task, self._loop, task))
+
+    def _vllm_result(self, result: LookupResult) -> Any:
+        bounds = tuple((b.group_id, b.num_tokens) for b in result.tail_key_boundaries)
+        return self._make_result(result.hit_length, bounds)
 
     def _wait_limit(self) -> float | None:
         timeout = self._coordinator.options.timeout

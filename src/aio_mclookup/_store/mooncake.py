@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import InvalidRequest, StoreError
+from .._errors import InvalidRequest, LookupTimeout, StoreError
 from .codes import raise_if_failed_rpc
 from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error
 
@@ -109,6 +109,27 @@ class MooncakeStore(ClientPool):
         if not batch:
             return []
         return await self._call(functools.partial(_exist, client, batch))
+
+    def batch_is_exist_blocking(
+        self, keys: Sequence[str | bytes], timeout: float | None = None
+    ) -> list[int]:
+        """:meth:`batch_is_exist` for a caller that is not async (a synchronous scheduler):
+        the calling thread waits, up to ``timeout`` seconds (:class:`LookupTimeout` after),
+        while a pool thread makes the call. Same answers and errors."""
+        client = self._client_or_closed()
+        batch = list(keys)
+        if not batch:
+            return []
+        done = self._submit(functools.partial(_exist, client, batch))
+        try:
+            return done.result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            raise LookupTimeout(f"batch_is_exist took more than {timeout} s") from exc
+        except Exception as exc:
+            error = as_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     def batch_is_exist_then(
         self, keys: Sequence[str | bytes], then: Callable[[list[int] | BaseException], None]

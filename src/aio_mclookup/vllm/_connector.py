@@ -63,13 +63,14 @@ def build_client(
     settings = store_settings()
     host = _host_ip()
 
+    store = MooncakeStore(
+        settings.master_address,
+        settings.metadata_server,
+        local_hostname=host,
+        tenant_id=settings.tenant_id,
+    )
+
     async def open_store() -> Store:
-        store = MooncakeStore(
-            settings.master_address,
-            settings.metadata_server,
-            local_hostname=host,
-            tenant_id=settings.tenant_id,
-        )
         await store.open()
         return store
 
@@ -85,6 +86,7 @@ def build_client(
         reset_store=stock_client.reset,
         options=options,
         open_timeout=_OPEN_TIMEOUT,
+        exist_blocking=store.batch_is_exist_blocking,
     )
 
 
