@@ -34,7 +34,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         yield {**state, HASHER_KEY: hasher}  # the router hashes token-id bodies with it
 
 
-api = FastAPI(
+make_app: Callable[..., FastAPI] = FastAPI
+with contextlib.suppress(ImportError):  # /docs without a CDN (the docs-offline extra)
+    from fastapi_offline import FastAPIOffline as make_app
+
+api = make_app(
     title="aio-mclookup",
     description="Prefix-hit lookups against the Mooncake KV-cache store.",
     lifespan=lifespan,

@@ -151,6 +151,7 @@ def test_both_blocking_paths_agree(stored: tuple[FakeStore, list[bytes]], direct
             (0, ()),
         ]
         assert (client.stats().rpcs_total == 0) is direct  # the direct path skips the loop
+        assert client.direct_rpcs == (4 if direct else 0)
         store.fail_with = -900
         assert client.lookup("failing", 8 * H, hashes) == (0, ())
     finally:
@@ -166,9 +167,11 @@ def test_non_blocking_lookups_of_a_step_start_together(
         ids = [f"r{i}" for i in range(40)]
         assert all(client.lookup(r, 8 * H, hashes, non_block=True) is None for r in ids)
         assert store.calls == []  # nothing starts before the step ends
+        assert client.pending("r0") and not client.pending("unknown")
         client.flush()
         results = [_poll(client, r, 8 * H, hashes) for r in ids]
         assert {r[0] for r in results} == {5 * H}
+        assert not client.pending("r0")  # answered and forgotten
         assert len(store.calls) < 5  # 40 lookups, a handful of shared RPCs
     finally:
         client.close()

@@ -90,6 +90,7 @@ def main() -> None:
         ]
         client = getattr(connector, "lookup_client", None)
         before = client.stats() if client is not None else None
+        direct = client.direct_rpcs if client is not None else 0
         params = SamplingParams(temperature=0.0, max_tokens=phase.get("max_tokens", 4))
         started = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -115,7 +116,7 @@ def main() -> None:
         }
         if client is not None and before is not None:
             stats = client.stats()
-            entry["rpcs"] = stats.rpcs_total - before.rpcs_total
+            entry["rpcs"] = stats.rpcs_total - before.rpcs_total + client.direct_rpcs - direct
             entry["keys_sent"] = stats.keys_sent_total - before.keys_sent_total
         report["phases"].append(entry)
     if job["kv_role"] == "kv_both":

@@ -100,6 +100,8 @@ class CoalescingLookupClient:
         self._make_result = make_result
         self._reset_store = reset_store
         self._exist_blocking = exist_blocking
+        self.direct_rpcs = 0
+        """RPCs of blocking lookups made in the caller's thread (not in :meth:`stats`)."""
         self._options = options
         self._close_store = close_store
         self._futures: dict[str, concurrent.futures.Future[LookupResult]] = {}
@@ -173,6 +175,12 @@ class CoalescingLookupClient:
             self._futures.pop(req_id, None)
         return self._vllm_result(result)
 
+    def pending(self, req_id: str) -> bool:
+        """Whether ``req_id``'s non-blocking lookup is submitted and its answer not in yet
+        (then :meth:`lookup` would return None): the scheduler's cheap poll."""
+        future = self._futures.get(req_id)
+        return future is not None and not future.done()
+
     def _direct(self, req_id: str, num_tokens: int, block_hashes: Sequence[bytes]) -> Any:
         """One blocking lookup in the calling thread: plan, ask (in chunks of the
         coordinator's ``max_keys_per_rpc``), resolve; a failure is logged and gives 0."""
@@ -183,6 +191,7 @@ class CoalescingLookupClient:
             keys, step = list(plan.keys), options.max_keys_per_rpc
             answers: list[int] = []
             for start in range(0, len(keys), step):
+                self.direct_rpcs += 1
                 answers += self._exist_blocking(keys[start : start + step], options.timeout)
             result = plan.resolve_result(answers)
         except Exception as exc:  # vLLM's contract: log, then a hit of 0

@@ -130,6 +130,19 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         """The coalescing client, or None where vLLM's own client serves the lookups."""
         return self._coalescing
 
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """vLLM's, except that a request whose lookup is still pending is answered "not known
+        yet" at once (what vLLM's path would return for it, without its per-call work)."""
+        client = self._coalescing
+        if client is not None and client.pending(request.request_id):
+            return None, False
+        result: tuple[int | None, bool] = super().get_num_new_matched_tokens(
+            request, num_computed_tokens
+        )
+        return result
+
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         """vLLM's, after starting the lookups this step submitted (together: they share
         RPCs)."""
