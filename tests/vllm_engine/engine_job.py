@@ -121,7 +121,7 @@ def main() -> None:
         report["phases"].append(entry)
     if job["kv_role"] == "kv_both":
         _wait_for_saves(llm, connector)
-    connector.shutdown()
+    llm.llm_engine.engine_core.shutdown()  # vLLM's own shutdown: scheduler, then its connector
     import threading
 
     report["threads"] = sorted(
