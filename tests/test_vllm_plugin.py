@@ -92,6 +92,34 @@ def runs(site: EngineSite) -> dict[str, Any]:
     return out
 
 
+def test_layouts_read_from_vllm_give_its_workers_key_prefixes(site: EngineSite) -> None:
+    """Real vLLM config objects of many layouts: the layout ``KVLayout.from_vllm`` reads has
+    exactly the lookup key prefixes vLLM's own store worker derives; what it cannot reproduce
+    is refused."""
+    cases = site.script("layout_cases.py", str(site.model_dir))
+    refused = {name: c for name, c in cases.items() if "error" in c}
+    assert set(refused) == {"cross attention", "mamba not align", "vllm 0.31"}
+    assert {c["error"] for c in refused.values()} == {"UnsupportedLayout"}
+    for name, c in cases.items():
+        if name not in refused:
+            assert c["prefixes"] == c["vllm_prefixes"], name
+    kinds = {
+        n: [g["kind"] for g in c["layout"]["groups"]] for n, c in cases.items() if n not in refused
+    }
+    assert kinds["hybrid full + swa + mamba"] == ["full_attention", "sliding_window", "mamba"]
+    assert cases["mla, tp 4"]["layout"]["groups"][0]["mla"] is True
+    assert len(cases["mla + gqa, tp 4"]["prefixes"][0]) == 1  # MLA: one copy for all ranks
+    assert len(cases["mla + gqa, tp 4"]["prefixes"][1]) == 2  # GQA: tp 4 // 2 KV heads
+    assert cases["eagle group"]["layout"]["groups"][1]["eagle"] is True
+    assert cases["not transferred"]["layout"]["groups"][1]["prefix_cacheable"] is False
+    assert cases["dcp 2"]["layout"]["groups"][0]["block_size"] == 2 * BLOCK
+    shared = cases["store tp 2 of tp 1"]["layout"]
+    assert shared["store_namespace"] == "@store_tp:2@store_pp:1@store_format:tp_shared_lbhnc"
+    assert shared["store_tp_size"] == 2
+    assert cases["fine-grained"]["layout"]["cache_hit_alignment_tokens"] == BLOCK
+    assert cases["vllm 0.33"]["layout"]["vllm_version"] == "0.33.0"
+
+
 def test_our_client_serves_the_lookups(runs: dict[str, Any]) -> None:
     assert runs["recording_ours"]["coalescing"] is True
     assert runs["recording_stock"]["coalescing"] is False

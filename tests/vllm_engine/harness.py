@@ -65,11 +65,23 @@ class EngineSite:
 
     def run(self, job: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
         """Run one engine job; its JSON report (the job's stderr on failure)."""
-        job = {"model_dir": str(self.model_dir), **job}
         started = time.monotonic()
+        report = self.script(
+            "engine_job.py",
+            stdin=json.dumps({"model_dir": str(self.model_dir), **job}),
+            timeout=timeout,
+        )
+        report["process_seconds"] = time.monotonic() - started
+        return report
+
+    def script(
+        self, name: str, *args: str, stdin: str = "", timeout: float = 300.0
+    ) -> dict[str, Any]:
+        """Run a script of this folder in the vLLM environment; the JSON of its ``RESULT``
+        line (its output's tail on failure)."""
         proc = subprocess.run(
-            [str(self.python), str(HERE / "engine_job.py")],
-            input=json.dumps(job),
+            [str(self.python), str(HERE / name), *args],
+            input=stdin,
             text=True,
             capture_output=True,
             env=self.env,
@@ -79,12 +91,11 @@ class EngineSite:
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
             raise RuntimeError(
-                f"engine job failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                f"{name} failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n"
                 f"{proc.stderr[-6000:]}"
             )
-        report: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-        report["process_seconds"] = time.monotonic() - started
-        return report
+        result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+        return result
 
 
 @contextmanager

@@ -11,7 +11,7 @@ so the rest of the package never needs it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._errors import UnsupportedLayout
@@ -100,10 +100,20 @@ def _unwrapped(spec: Any) -> Any:
     return spec
 
 
+def _resolved_cache_layout(vllm_config: Any) -> str:
+    """The KV-cache layout's name (``LBHNC``, ...), which the engine core resolves at start."""
+    try:
+        return str(vllm_config.cache_config.get_resolved_kv_cache_layout().name)
+    except ValueError as exc:
+        raise UnsupportedLayout(
+            f"the store-TP options need the resolved KV-cache layout: {exc}", field="store_tp_size"
+        ) from exc
+
+
 def _store_namespace(
     extra: Mapping[str, Any],
     *,
-    cache_layout: str,
+    cache_layout: Callable[[], str],
     store_groups: list[Any],
     tp: int,
     pcp: int,
@@ -126,8 +136,9 @@ def _store_namespace(
     else:
         value = extra.get("store_tp_size")
         requested = value if type(value) is int and value > 0 else None
+    layout_name = cache_layout()  # resolved by the engine core before the scheduler exists
     shardable = (
-        cache_layout in ("LBHNC", "LBNHC")
+        layout_name in ("LBHNC", "LBNHC")
         and pcp == 1
         and dcp == 1
         and len(store_groups) == 1
@@ -138,12 +149,12 @@ def _store_namespace(
         if num_kv_heads % requested == 0:
             return (
                 f"@store_tp:{requested}@store_pp:{pp}@store_format:tp_shared_"
-                f"{cache_layout.lower()}",
+                f"{layout_name.lower()}",
                 requested,
             )
         if num_kv_heads == 1:
             return f"@store_pp:{pp}@store_format:tp_shared_mqa", None
-    return f"@store_pp:{pp}@store_format:rank_local_tp{tp}_layout_{cache_layout}", None
+    return f"@store_pp:{pp}@store_format:rank_local_tp{tp}_layout_{layout_name}", None
 
 
 def layout_arguments(
@@ -180,7 +191,7 @@ def layout_arguments(
     spec_config = vllm_config.speculative_config
     namespace, store_tp = _store_namespace(
         extra,
-        cache_layout=vllm_config.cache_config.get_resolved_kv_cache_layout().name,
+        cache_layout=lambda: _resolved_cache_layout(vllm_config),
         store_groups=list(kv_cache_config.prefix_cacheable_groups),
         tp=tp,
         pcp=pcp,
