@@ -32,7 +32,13 @@ from aio_mclookup._loadgen.results import (
     RunResult,
 )
 from aio_mclookup._loadgen.run import compare_hits
-from aio_mclookup._loadgen.workload import PRESETS, WorkloadSpec, build_workload, preset_layout
+from aio_mclookup._loadgen.workload import (
+    PRESETS,
+    WorkloadSpec,
+    build_workload,
+    preset_layout,
+    workload_hasher,
+)
 from aio_mclookup._local.master import LocalMaster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +70,8 @@ def _needs_mooncake() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["loadgen", "--preset", "nope"], "unknown preset 'nope' (choose from chat, dsv4)"),
+        (["loadgen", "--preset", "nope"],
+         "unknown preset 'nope' (choose from chat, dsv4, sessions)"),
         (["loadgen", "--concurrency", "0"], "--concurrency must be >= 1, got 0"),
         (["loadgen", "--concurrency", "4,-2"], "--concurrency must be >= 1, got -2"),
         (["loadgen", "--concurrency", "four"], "--concurrency must be integers >= 1"),
@@ -141,6 +148,10 @@ def _hits(layout: KVLayout, stored: set[bytes], spec: WorkloadSpec) -> list[tupl
     return out
 
 
+def _spec(layout: KVLayout, preset: str, **kw: Any) -> WorkloadSpec:
+    return WorkloadSpec.for_layout(layout, preset, **{"sessions": 30, "seed": 5, **kw})
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_workload_is_deterministic_and_shares_prefixes(preset: str) -> None:
     layout = preset_layout(preset)
@@ -173,6 +184,99 @@ def test_workload_hit_ratio_controls_what_is_found() -> None:
     assert all(hit == 0 for hit, _ in _hits(layout, set(), cold))
 
 
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_token_id_workload_has_the_hash_workloads_shape_and_hits(preset: str) -> None:
+    layout = preset_layout(preset)
+    by_hash = build_workload(layout, _spec(layout, preset))
+    by_ids = build_workload(layout, _spec(layout, preset, token_ids=True))
+    assert by_ids.summary() == {**by_hash.summary(), "token_ids": True}
+    assert [(r.session, r.turn, r.num_tokens, r.token_len) for r in by_ids.requests] == [
+        (r.session, r.turn, r.num_tokens, r.token_len) for r in by_hash.requests
+    ]
+    hasher = workload_hasher(layout)
+    for req in by_ids.requests:
+        assert req.token_ids is not None and req.token_ids.size == req.num_tokens
+        assert req.hash_list == []  # the lookups hash the token ids themselves
+        assert np.array_equal(hasher.hash(req.token_ids), req.hashes)
+    # The same sessions share the same prefixes: every request finds the same hit either way.
+    hash_hits = _hits(layout, set(by_hash.store_keys()), _spec(layout, preset))
+    id_hits = _hits(layout, set(by_ids.store_keys()), _spec(layout, preset, token_ids=True))
+    assert id_hits == hash_hits
+    assert any(hit for hit, _ in id_hits)
+    # Token ids are deterministic for a seed, and differ with another.
+    again = build_workload(layout, _spec(layout, preset, token_ids=True))
+    assert all(np.array_equal(a.token_ids, b.token_ids)  # type: ignore[arg-type]
+               for a, b in zip(again.requests, by_ids.requests))
+    other = build_workload(layout, _spec(layout, preset, token_ids=True, seed=6))
+    assert not set(other.store_keys()) & set(by_ids.store_keys())
+
+
+def test_token_id_sessions_share_their_system_prompt_tokens() -> None:
+    layout = preset_layout("chat")
+    spec = _spec(layout, "chat", token_ids=True, system_prompts=2, system_tokens=(100, 100))
+    workload = build_workload(layout, spec)
+    firsts = {req.token_ids[:100].tobytes() for req in workload.requests}  # type: ignore[index]
+    assert len(firsts) == 2
+    # 100 system tokens: 6 full hash blocks shared, the 7th already holds the session's own
+    rows = {bytes(req.hashes[:6].tobytes()) for req in workload.requests}
+    seventh = {bytes(req.hashes[6]) for req in workload.requests}
+    assert len(rows) == 2 and len(seventh) == len(workload.requests)
+
+
+def test_workload_hasher_follows_the_release() -> None:
+    assert workload_hasher(preset_layout("chat")).to_dict() == {
+        "algo": "sha256", "hash_block_size": 16, "vllm_version": "0.33.0", "era": "0.31-0.33",
+        "width": 32, "seeded": False,
+    }
+    dsv4 = workload_hasher(preset_layout("dsv4"))
+    assert dsv4.block_size == 4 and not dsv4.seeded
+    old = workload_hasher(preset_layout("sessions"))  # 0.26 cannot go without a seed
+    assert old.seeded and old.vllm_version == "0.26.0"
+    assert old.none_hash == mcl.BlockHasher(16, seed="0", vllm_version="0.26").none_hash
+
+
+def test_sessions_preset_mirrors_the_coalescing_benchmark() -> None:
+    layout = preset_layout("sessions")
+    assert (layout.tp_size, layout.num_kv_heads, len(layout.namespaces)) == (4, 8, 4)
+    assert layout.cache_prefix == "tenant-a" and layout.vllm_version == "0.26.0"
+    spec = WorkloadSpec.for_layout(layout, "sessions")
+    assert (spec.sessions, spec.turns, spec.system_prompts) == (128, 6, 4)
+    assert (spec.system_tokens, spec.turn_tokens, spec.hit_ratio) == ((1024, 1024),
+                                                                      (512, 512), 1.0)
+    assert spec.every_turn
+    # A layout file of the same model does not take the preset's workload.
+    assert not WorkloadSpec.for_layout(layout).every_turn
+    workload = build_workload(layout, spec)
+    by_session: dict[int, list[int]] = {}
+    for req in workload.requests:
+        by_session.setdefault(req.session, []).append(req.turn)
+        assert req.num_tokens == 1024 + 512 * (req.turn + 1)
+    # Every turn from 1 to the session's current one (1..5) is asked for.
+    assert all(sorted(t) == list(range(1, max(t) + 1)) and max(t) <= 5
+               for t in by_session.values())
+    assert len(workload.requests) == sum(max(t) for t in by_session.values())
+    # Every key has four rank namespaces and the cache prefix.
+    keys = workload.store_keys()
+    assert keys and all(k.startswith(b"tenant-a@") for k in keys)
+    assert len(keys) % 4 == 0
+    # Earlier turns find their whole prompt (one token left), the current one the turn before.
+    stored = set(keys)
+    current = {s: max(t) for s, t in by_session.items()}
+    for req in workload.requests:
+        plan = layout.plan(req.token_len, req.hashes)
+        hit = layout.leave_one_token(
+            plan.resolve([1 if k in stored else 0 for k in plan.keys]), req.num_tokens)
+        if req.turn < current[req.session]:
+            assert hit == req.num_tokens - 16
+        else:
+            assert hit == req.num_tokens - 512
+
+
+def test_every_turn_needs_two_turns() -> None:
+    with pytest.raises(mcl.InvalidRequest, match="every_turn needs turns >= 2"):
+        WorkloadSpec(turns=1, every_turn=True)
+
+
 # ------------------------------------------------------------------------- summary, unit level
 def _run(mode: str, hits: list[int]) -> RunResult:
     run = RunResult(mode, 4, len(hits), elapsed=0.5)
@@ -183,6 +287,30 @@ def _run(mode: str, hits: list[int]) -> RunResult:
     run.rpcs = len(hits)
     run.keys_sent = 10 * len(hits)
     return run
+
+
+def test_summary_states_that_hashing_is_included_and_how_long_it_took() -> None:
+    layout = preset_layout("chat")
+    spec = WorkloadSpec(sessions=3, token_ids=True)
+    cfg = LoadgenConfig(layout, "preset chat", spec, concurrency=(4,))
+    runs = [_run(COORDINATOR, [16, 32, 0]), _run(NAIVE, [16, 32, 0])]
+    runs[0].hash_times = [0.001, 0.003, 0.002]
+    runs[1].hash_times = [0.004, 0.004, 0.005]
+    report = LoadgenReport(cfg, runs=runs)
+    text = format_summary(report)
+    assert ("token ids: each lookup, both ways, first hashed its prompt's token ids with "
+            "BlockHasher(16, algo='sha256', seed=None, vllm_version='0.33.0'); that hashing is "
+            "included in the latencies and lookups/s below") in text
+    assert "coordinator c=4    0.01 s in all, 2.000 ms per lookup (median), 1% of" in text
+    assert "seed-naive  c=4    0.01 s in all, 4.000 ms per lookup (median)" in text
+    data = report.to_dict()
+    assert data["token_ids"]["hasher"]["hash_block_size"] == 16
+    assert data["runs"][0]["hashing"] == {"included_in_latency": True, "lookups_hashed": 3,
+                                          "total_s": 0.006, "median_ms": 2.0, "mean_ms": 2.0}
+    plain = LoadgenReport(LoadgenConfig(layout, "preset chat", WorkloadSpec(sessions=3)),
+                          runs=[_run(COORDINATOR, [16])])
+    assert "hashing" not in format_summary(plain) and plain.to_dict()["token_ids"] is None
+    assert plain.to_dict()["runs"][0]["hashing"] is None
 
 
 def test_hit_mismatch_is_reported_and_counted() -> None:
@@ -265,6 +393,39 @@ def test_loadgen_compare_hybrid_layout_file(
     assert data["layout_source"] == str(layout)
     _check_json(data, [COORDINATOR, NAIVE], [4], 40)
     assert "hits: identical" in captured.err
+
+
+@pytest.mark.integration
+def test_sessions_preset_with_token_ids_finds_the_hash_modes_hits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _needs_mooncake()
+    argv = ["loadgen", "--preset", "sessions", "--sessions", "20", "-c", "1,4", "--json", "-"]
+    assert main(argv) == 0
+    by_hash = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--token-ids"]) == 0
+    captured = capsys.readouterr()
+    by_ids = json.loads(captured.out)
+    lookups = by_hash["runs"][0]["lookups"]
+    assert lookups > 20  # every turn of each session is asked for
+    for data in (by_hash, by_ids):
+        _check_json(data, [COORDINATOR, NAIVE], [1, 4], lookups)
+        assert data["layout"]["tp_size"] == 4 and data["layout"]["cache_prefix"] == "tenant-a"
+        assert data["workload"]["spec"]["every_turn"] is True
+    # The same workload, hashed from its token ids by every lookup: the same hits.
+    assert [r["hit_tokens"] for r in by_ids["runs"]] == [r["hit_tokens"] for r in by_hash["runs"]]
+    assert by_hash["token_ids"] is None and all(r["hashing"] is None for r in by_hash["runs"])
+    assert by_ids["token_ids"]["hasher"] == {
+        "algo": "sha256", "hash_block_size": 16, "vllm_version": "0.26.0", "era": "0.26-0.28",
+        "width": 32, "seeded": True, "seed": "0",
+    }
+    for run in by_ids["runs"]:
+        hashing = run["hashing"]
+        assert hashing["included_in_latency"] is True
+        assert hashing["lookups_hashed"] == lookups
+        assert 0 < hashing["median_ms"] < run["latency_ms"]["p50"]
+    assert "hashing token ids (included above), per run:" in captured.err
+    assert "(hashing " in captured.err  # the per-run lines on stderr too
 
 
 @pytest.mark.integration

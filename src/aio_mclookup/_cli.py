@@ -32,6 +32,7 @@ _EPILOG = """\
 examples:
   aio-mclookup loadgen                                  # embedded master, chat preset, --compare
   aio-mclookup loadgen --preset dsv4 --concurrency 64 --report dsv4.png
+  aio-mclookup loadgen --preset sessions --concurrency 64 --token-ids
   aio-mclookup loadgen --layout my_model.json --requests 20000 --json out.json
   aio-mclookup loadgen --master 10.0.0.5:50051 --metadata http://10.0.0.5:8080/metadata
 """
@@ -94,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--preset",
         metavar="NAME",
-        help=f"named layout: {', '.join(sorted(PRESETS))} (default: chat)",
+        help=f"named layout: {', '.join(sorted(PRESETS))} (default: chat); sessions also sets "
+        "its workload (128 sessions, every turn asked for)",
     )
     ex.add_argument(
         "--layout", metavar="FILE.json", help="layout file in the KVLayout.from_dict schema"
@@ -154,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sessions",
         type=int,
         metavar="N",
-        help="chat sessions, one distinct request each (chat: 6000, dsv4: 1200)",
+        help="chat sessions, one distinct request each (chat: 6000, dsv4: 1200; sessions: 128, "
+        "one request per turn)",
     )
     g.add_argument(
         "--turns", type=int, metavar="N", help="most turns a session has had (default: 6)"
@@ -169,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fraction of sessions whose earlier turns are cached (default: 0.8)",
     )
     g.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
+    g.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="prompts as synthetic token ids: every lookup, both ways, hashes its prompt with "
+        "vLLM's block hash (BlockHasher) first, and that time is in its figures",
+    )
 
     g = lg.add_argument_group("coordinator")
     g.add_argument(
@@ -307,17 +316,19 @@ def _config(args: argparse.Namespace, stderr: TextIO) -> Any:
         "system_prompts": args.system_prompts,
         "hit_ratio": args.hit_ratio,
         "seed": args.seed,
+        "token_ids": args.token_ids or None,
     }
     if args.system_tokens is not None:
         overrides["system_tokens"] = _range(args.system_tokens, "--system-tokens")
     if args.turn_tokens is not None:
         overrides["turn_tokens"] = _range(args.turn_tokens, "--turn-tokens")
-    spec = WorkloadSpec.for_layout(layout, **overrides)
+    preset = args.preset if args.layout is None else None
+    spec = WorkloadSpec.for_layout(layout, preset, **overrides)
     if args.requests is not None and args.sessions is None:
         # Distinct requests when possible; past the default size they repeat (the store stays
         # small).
         spec = WorkloadSpec.for_layout(
-            layout, **{**overrides, "sessions": min(args.requests, spec.sessions)}
+            layout, preset, **{**overrides, "sessions": min(args.requests, spec.sessions)}
         )
     progress = args.progress if args.progress is not None else stderr.isatty()
     return LoadgenConfig(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import repeat
 from typing import Any, Final
 
 import numpy as np
@@ -20,6 +21,8 @@ __all__ = ["BlockHasher"]
 
 DEFAULT_NONE_HASH_SEED: Final = "vllm-none-hash"  # vLLM >= 0.29 with PYTHONHASHSEED unset
 _CHUNK_TOKENS: Final = 1 << 16  # payloads are built this many tokens at a time
+_TOKEN_LIMIT: Final = 1 << 63
+_MAX_STATES: Final = 1 << 12  # hash states kept per hasher (one per pickle body length)
 
 MmFeature = tuple[str, int, int]
 
@@ -33,7 +36,8 @@ class BlockHasher:
     reproduced (an unset seed before 0.29 or with xxhash) raise :class:`InvalidRequest`.
     """
 
-    __slots__ = ("_algo", "_block_size", "_none_hash", "_release", "_seed")
+    __slots__ = ("_algo", "_block_size", "_cbor_state", "_layout", "_none_hash", "_release",
+                 "_seed", "_states")
 
     def __init__(
         self,
@@ -50,6 +54,14 @@ class BlockHasher:
         self._seed = seed
         text = DEFAULT_NONE_HASH_SEED if seed is None else seed
         self._none_hash = self._algo.hash_object(text)
+        # SHA-256 states that have taken a payload's head: copying one beats starting anew
+        self._states: dict[int, Any] = {}  # pickle: by body length
+        self._layout = _payload.plain_layout(self._block_size, self._algo.width, self._algo.cbor)
+        self._cbor_state: Any = (
+            hashlib.sha256(_payload.cbor_head(self._algo.width))
+            if self._algo.sha256 and self._algo.cbor
+            else None
+        )
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -124,6 +136,18 @@ class BlockHasher:
         the block whose hash ``parent`` is; ``mm_features`` offsets and ``prompt_embeds`` rows
         count from the first of these tokens, and ``cache_salt`` (block 0 only) has no effect.
         """
+        if (
+            lora_name is None
+            and lora_path is None
+            and cache_salt is None
+            and mm_features is None
+            and prompt_embeds is None
+            and type(lookahead_tokens) is int
+            and not lookahead_tokens
+        ):
+            fast = self._hash_plain(token_ids, parent)
+            if fast is not None:
+                return fast
         tokens, top = _inputs.token_array(token_ids)
         continuation = parent is not None
         start = (
@@ -155,8 +179,41 @@ class BlockHasher:
                 tokens.tolist() if extra.lookahead else None,
             )
             self._chain_slots(tokens[: n_blocks * h], slots, start, digests)
+        return self._rows(digests)
+
+    def _hash_plain(
+        self, token_ids: object, parent: bytes | NDArray[np.uint8] | None
+    ) -> NDArray[np.uint8] | None:
+        """The hashes of a prompt without extra keys of up to one chunk, with as few calls as
+        possible (a 4,096-token prompt's fixed costs count); ``None``: take the general path."""
+        got = _inputs.plain_tokens(token_ids)
+        if got is None or got[0].size > _CHUNK_TOKENS:
+            return None
+        tokens, checked = got
+        h = self._block_size
+        n_blocks = tokens.size // h
+        if (
+            not checked
+            and tokens.size > n_blocks * h
+            and int(tokens[n_blocks * h :].max()) >= _TOKEN_LIMIT
+        ):
+            return None  # a bad id past the last block: the general path names it
+        bodies: tuple[bytes, ...] = ()
+        if n_blocks:
+            built = _payload.plain(tokens, self._layout)
+            if built is None:
+                return None  # ids beyond the fast range: the general path handles or refuses them
+            bodies = built
+        start = (
+            self._none_hash if parent is None else _inputs.parent_digest(parent, self._algo.width)
+        )
+        digests: list[bytes] = []
+        self._chain(bodies, start, digests)
+        return self._rows(digests)
+
+    def _rows(self, digests: list[bytes]) -> NDArray[np.uint8]:
         out: NDArray[np.uint8] = np.frombuffer(bytearray(b"".join(digests)), dtype=np.uint8)
-        return out.reshape(n_blocks, self.width)
+        return out.reshape(len(digests), self.width)
 
     def _extra_inputs(
         self,
@@ -201,13 +258,18 @@ class BlockHasher:
         step = max(_CHUNK_TOKENS // self._block_size, 1) * self._block_size
         for lo in range(0, tokens.size, step):
             chunk = tokens[lo : lo + step]
+            if top < (1 << 32 if algo.cbor else 1 << 31):
+                bodies = _payload.plain(chunk, self._layout)
+                if bodies is not None:
+                    parent = self._chain(bodies, parent, out)
+                    continue
             payloads = _payload.build(
                 chunk, self._block_size, algo.width, algo.cbor, none_slot, top if whole else None
             )
             if payloads is None:
                 parent = self._chain_generic(chunk, [None] * self._blocks(chunk), parent, out)
             else:
-                parent = _run_chain(payloads, parent, algo, out)
+                parent = self._chain(payloads.bodies, parent, out)
 
     def _chain_slots(
         self, tokens: NDArray[np.uint64], slots: list[object], parent: bytes, out: list[bytes]
@@ -233,7 +295,62 @@ class BlockHasher:
             if payloads is None:
                 parent = self._chain_generic(chunk, chunk_slots, parent, out)
             else:
-                parent = _run_chain(payloads, parent, algo, out)
+                parent = self._chain(payloads.bodies, parent, out)
+
+    def _chain(self, bodies: Sequence[bytes], parent: bytes, out: list[bytes]) -> bytes:
+        """Hash ``head + parent + body`` block after block (the head follows from the body's
+        length); returns the last hash."""
+        if not bodies:
+            return parent
+        append = out.append
+        digest = parent
+        algo = self._algo
+        if algo.sha256:
+            if algo.cbor:
+                copy = self._cbor_state.copy
+                for body in bodies:
+                    state = copy()
+                    state.update(digest)
+                    state.update(body)
+                    digest = state.digest()
+                    append(digest)
+            else:
+                for start, body in zip(self._pickle_states(bodies), bodies):
+                    state = start.copy()
+                    state.update(digest)
+                    state.update(body)
+                    digest = state.digest()
+                    append(digest)
+            return digest
+        heads: Iterable[bytes]
+        if algo.cbor:
+            heads = repeat(_payload.cbor_head(algo.width))
+        else:
+            heads = _payload.pickle_heads(algo.width, list(map(len, bodies)))
+        fn = algo.digest
+        for pair in zip(heads, bodies):
+            digest = fn(digest.join(pair))
+            append(digest)
+        return digest
+
+    def _pickle_states(self, bodies: Sequence[bytes]) -> list[Any]:
+        """For each body, a SHA-256 state that has taken its pickle head (set by its length)."""
+        states = self._states
+        try:
+            return list(map(states.__getitem__, map(len, bodies)))
+        except KeyError:
+            pass
+        lengths = list(map(len, bodies))
+        width = self._algo.width
+        missing = set(lengths).difference(states)
+        if len(states) + len(missing) > _MAX_STATES:  # unusual lengths (extra keys): not kept
+            return [
+                states[n] if n in states else hashlib.sha256(_payload.pickle_head(width, n))
+                for n in lengths
+            ]
+        for n in missing:
+            states[n] = hashlib.sha256(_payload.pickle_head(width, n))
+        return list(map(states.__getitem__, lengths))
 
     def _blocks(self, tokens: NDArray[np.uint64]) -> int:
         return tokens.size // self._block_size
@@ -254,30 +371,3 @@ class BlockHasher:
 def _none_slot(width: int, cbor: bool) -> bytes:
     """The encoding of an empty extra slot."""
     return _payload.extra_encoding(None, width, cbor)
-
-
-def _run_chain(payloads: _payload.Payloads, parent: bytes, algo: Algo, out: list[bytes]) -> bytes:
-    """Hash ``head + parent + body`` block after block; returns the last hash."""
-    append = out.append
-    digest = parent
-    pairs = zip(payloads.heads, payloads.bodies)
-    if algo.sha256 and payloads.shared_head is not None:
-        # one head for all: copying a hash object that has taken it beats a new one per block
-        copy = hashlib.sha256(payloads.shared_head).copy
-        for body in payloads.bodies:
-            h = copy()
-            h.update(digest)
-            h.update(body)
-            digest = h.digest()
-            append(digest)
-    elif algo.sha256:
-        sha256 = hashlib.sha256
-        for head, body in pairs:
-            digest = sha256(head + digest + body).digest()
-            append(digest)
-    else:
-        fn = algo.digest
-        for head, body in pairs:
-            digest = fn(head + digest + body)
-            append(digest)
-    return digest

@@ -24,6 +24,7 @@ __all__ = [
     "mm_items",
     "optional_str",
     "parent_digest",
+    "plain_tokens",
     "token_array",
 ]
 
@@ -110,6 +111,38 @@ def token_array(token_ids: object) -> tuple[NDArray[np.unsignedinteger[Any]], in
     if top >= _TOKEN_LIMIT:
         raise _bad_id(ids)
     return arr, top
+
+
+def plain_tokens(token_ids: object) -> tuple[NDArray[np.unsignedinteger[Any]], bool] | None:
+    """``token_ids`` as an unsigned array in few steps, or ``None`` (then :func:`token_array`
+    decides). A list or tuple is converted and checked whole (ids below ``2**32``: the flag is
+    True); an array is only reinterpreted (False: a negative or too large id shows as one
+    beyond the fast range, which the caller checks)."""
+    kind = type(token_ids)
+    if kind is list or kind is tuple:
+        ids: Any = token_ids
+        if len(ids) > MAX_TOKENS:
+            return None
+        packed = array.array("I")
+        try:
+            if kind is list:
+                packed.fromlist(ids)
+            else:
+                packed = array.array("I", ids)
+        except (TypeError, OverflowError):
+            return None
+        return np.frombuffer(packed, dtype=np.uintc), True
+    if kind is not np.ndarray:
+        return None
+    arr: NDArray[Any] = token_ids  # type: ignore[assignment]
+    dtype = arr.dtype
+    if arr.ndim != 1 or dtype.kind not in "iu" or not dtype.isnative or arr.size > MAX_TOKENS:
+        return None
+    if dtype.itemsize == 8:  # negative int64 ids become >= 2**63
+        return arr.view(np.uint64), False
+    if dtype.kind == "u":
+        return (arr if dtype.itemsize == 4 else arr.astype(np.uint32)), False
+    return arr.astype(np.int64).view(np.uint64), False
 
 
 def _bad_id(ids: Sequence[Any]) -> InvalidRequest:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._errors import StoreError
+from .._hashing import BlockHasher
 from .._layout.layout import KVLayout
 from .._store.codes import failed_rpc_code
 from .._store.pool import client_config
@@ -48,15 +50,33 @@ class RawClient:
 Lookup = Callable[[Request], Awaitable[int]]
 
 
-def naive_lookup(layout: KVLayout, raw: RawClient, result: RunResult) -> Lookup:
+def naive_lookup(
+    layout: KVLayout, raw: RawClient, result: RunResult, hasher: BlockHasher | None = None
+) -> Lookup:
     """vLLM's per-request lookup, as its scheduler counts it: build the keys with the layout's
     release's own loop, one executor-hopped RPC, resolve (0.26: for the aligned length, then
-    leave one token; 0.32+: for ``num_tokens``, the worker re-deriving a full hit)."""
+    leave one token; 0.32+: for ``num_tokens``, the worker re-deriving a full hit).
+
+    With ``hasher`` (a token-id workload) it first hashes the request's token ids, as the
+    coordinator's runs do (timed into ``result.hash_times``), then takes the rows as
+    ``list[bytes]``, the form vLLM's loop reads."""
     from .._reference.v026 import BaselineLookup
     from .._reference.v033 import BaselineLookupV033
 
     client = raw.client
     loop = asyncio.get_running_loop()
+    clock = time.perf_counter
+
+    def hash_list(req: Request) -> list[bytes]:
+        if hasher is None:
+            return req.hash_list
+        assert req.token_ids is not None
+        started = clock()
+        rows = hasher.hash(req.token_ids)
+        result.hash_times.append(clock() - started)
+        blob = rows.tobytes()
+        width = rows.shape[1]
+        return [blob[i : i + width] for i in range(0, len(blob), width)]
 
     async def answers_for(keys: list[str]) -> list[int]:
         result.keys_planned += len(keys)
@@ -73,21 +93,23 @@ def naive_lookup(layout: KVLayout, raw: RawClient, result: RunResult) -> Lookup:
         baseline = BaselineLookup(layout.to_dict())
 
         async def lookup(req: Request) -> int:
-            keys, meta = baseline.build_keys(req.token_len, req.hash_list)
+            hashes = hash_list(req)
+            keys, meta = baseline.build_keys(req.token_len, hashes)
             if not keys:
                 return 0
             answers = await answers_for(keys)
-            hit = baseline.resolve(req.token_len, req.hash_list, meta, answers)
+            hit = baseline.resolve(req.token_len, hashes, meta, answers)
             return layout.leave_one_token(hit, req.num_tokens)
 
         return lookup
     baseline_033 = BaselineLookupV033(layout.to_dict())
 
     async def lookup_033(req: Request) -> int:
-        keys, meta = baseline_033.build_keys(req.num_tokens, req.hash_list)
+        hashes = hash_list(req)
+        keys, meta = baseline_033.build_keys(req.num_tokens, hashes)
         if not keys:
             return 0
         answers = await answers_for(keys)
-        return baseline_033.resolve(req.num_tokens, req.hash_list, meta, answers).hit_length
+        return baseline_033.resolve(req.num_tokens, hashes, meta, answers).hit_length
 
     return lookup_033

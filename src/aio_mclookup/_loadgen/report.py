@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .results import COORDINATOR, NAIVE, LoadgenReport, RunResult
-from .workload import describe_layout
+from .workload import describe_hasher, describe_layout
 
 __all__ = ["REPORT_NEEDS", "format_summary", "report_unavailable", "write_json", "write_png"]
 
@@ -24,11 +24,16 @@ def format_summary(report: LoadgenReport) -> str:
     if wl is not None:
         s = wl.summary()
         spec = cfg.spec
+        asked = (
+            f"every turn from 1 to the current one of {spec.sessions:,} sessions caught at a "
+            f"random turn (of up to {spec.turns})"
+            if spec.every_turn
+            else f"one per chat session caught at a random turn (of up to {spec.turns})"
+        )
         lines.append(
-            f"workload: {s['requests']:,} distinct requests, one per chat session caught at a "
-            f"random turn (of up to {spec.turns}); {spec.system_prompts} shared system prompts; "
-            f"{s['warm_sessions']:,} warm sessions whose earlier turns are stored (hit ratio "
-            f"{spec.hit_ratio:g}); seed {spec.seed}"
+            f"workload: {s['requests']:,} distinct requests, {asked}; {spec.system_prompts} "
+            f"shared system prompts; {s['warm_sessions']:,} warm sessions whose earlier turns "
+            f"are stored (hit ratio {spec.hit_ratio:g}); seed {spec.seed}"
         )
         layout = cfg.layout
         if layout.vllm_version == "0.26.0":
@@ -64,6 +69,12 @@ def format_summary(report: LoadgenReport) -> str:
     elif wl is not None and cfg.duration is not None:
         per_run += f" (cycling over the {len(wl.requests):,} distinct requests)"
     lines.append(f"runs: {per_run}; event loop {report.loop_name}; {os.cpu_count()} CPUs")
+    if cfg.spec.token_ids:
+        lines.append(
+            f"token ids: each lookup, both ways, first hashed its prompt's token ids with "
+            f"{describe_hasher(cfg.layout)}; that hashing is included in the latencies and "
+            "lookups/s below"
+        )
     lines.append("")
     header = (
         f"{'mode':<11} {'conc':>5} {'lookups':>8} {'errors':>6} {'lookups/s':>10} "
@@ -85,6 +96,19 @@ def format_summary(report: LoadgenReport) -> str:
             f"{_per(run.keys_sent, n, 11, 1)} "
             f"{ratio:>17}" + ("  (interrupted)" if run.interrupted else "")
         )
+    hashed = [r for r in report.runs if r.hash_times]
+    if hashed:
+        lines.append("")
+        lines.append("hashing token ids (included above), per run:")
+        for run in hashed:
+            total = sum(run.hash_times)
+            lines.append(
+                f"  {run.mode:<11} c={run.concurrency:<4} {total:.2f} s in all, "
+                f"{run.hash_ms_median():.3f} ms per lookup (median), "
+                f"{total / run.elapsed:.0%} of the run's wall time"
+                if run.elapsed > 0
+                else f"  {run.mode:<11} c={run.concurrency:<4} {total:.2f} s in all"
+            )
     savings = _savings(report)
     if savings:
         lines.append("")

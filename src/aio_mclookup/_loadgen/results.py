@@ -77,6 +77,8 @@ class RunResult:
     prompt_tokens: int = 0
     aligned_tokens: int = 0
     interrupted: bool = False
+    hash_times: list[float] = field(default_factory=list)
+    """Seconds each lookup spent hashing its token ids (token-id workloads; in its latency)."""
 
     @property
     def lookups(self) -> int:
@@ -97,6 +99,12 @@ class RunResult:
         if not self.latencies:
             return math.nan
         return float(np.percentile(np.asarray(self.latencies), q)) * 1e3
+
+    def hash_ms_median(self) -> float:
+        """Median milliseconds a lookup spent hashing its token ids (NaN: none hashed)."""
+        if not self.hash_times:
+            return math.nan
+        return float(np.median(np.asarray(self.hash_times))) * 1e3
 
     def to_dict(self) -> dict[str, Any]:
         n = self.lookups
@@ -127,6 +135,17 @@ class RunResult:
             "prompt_tokens": self.prompt_tokens,
             "aligned_tokens": self.aligned_tokens,
             "hit_ratio": _r(self.hit_tokens / self.prompt_tokens) if self.prompt_tokens else None,
+            "hashing": (
+                {
+                    "included_in_latency": True,
+                    "lookups_hashed": len(self.hash_times),
+                    "total_s": round(sum(self.hash_times), 6),
+                    "median_ms": _r(self.hash_ms_median()),
+                    "mean_ms": _r(sum(self.hash_times) / len(self.hash_times) * 1e3),
+                }
+                if self.hash_times
+                else None
+            ),
             "interrupted": self.interrupted,
         }
 
@@ -167,6 +186,15 @@ class LoadgenReport:
                 "scheduler does) before the lookup"
             ),
             "workload": workload,
+            "token_ids": (
+                {
+                    "hasher": _hasher_config(cfg),
+                    "note": "each lookup (both ways) hashed its prompt's token ids first; the "
+                    "hashing time is included in its latency and in lookups/s",
+                }
+                if cfg.spec.token_ids
+                else None
+            ),
             "requests_per_run": (
                 None
                 if cfg.duration is not None
@@ -206,6 +234,13 @@ class LoadgenReport:
                 "event_loop": self.loop_name,
             },
         }
+
+
+def _hasher_config(cfg: LoadgenConfig) -> dict[str, Any]:
+    from .workload import workload_hasher
+
+    hasher = workload_hasher(cfg.layout)
+    return {**hasher.to_dict(), "seed": "0" if hasher.seeded else None}
 
 
 def version() -> str:

@@ -16,18 +16,33 @@ from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
 from .._errors import Error, StoreError
+from .._hashing import BlockHasher
 from .baseline import Lookup, RawClient, naive_lookup
 from .results import COORDINATOR, NAIVE, LoadgenConfig, LoadgenReport, RunResult
-from .workload import Request, Workload, build_workload, describe_layout
+from .workload import (
+    Request,
+    Workload,
+    build_workload,
+    describe_hasher,
+    describe_layout,
+    workload_hasher,
+)
 
 __all__ = [
-    "Progress", "compare_hits", "coordinator_run", "drive", "naive_run", "run_loadgen", "say",
+    "Progress",
+    "compare_hits",
+    "coordinator_run",
+    "drive",
+    "naive_run",
+    "run_loadgen",
+    "say",
 ]
 
 _WRITER_SEGMENT = 256 << 20
 
 
 _WRITE_CHUNK = 20_000
+clock = time.perf_counter
 
 
 class Progress:
@@ -142,7 +157,10 @@ async def coordinator_run(
     concurrency: int,
     stop: asyncio.Event,
     progress: Progress,
+    hasher: BlockHasher | None = None,
 ) -> RunResult:
+    """One coordinator run. With ``hasher`` (a token-id workload) each lookup first hashes its
+    request's token ids, timed into ``result.hash_times`` and included in its latency."""
     from .._coordinator.shell import LookupCoordinator
 
     result = RunResult(COORDINATOR, concurrency, planned(cfg, requests))
@@ -157,8 +175,22 @@ async def coordinator_run(
         rounds=cfg.rounds,
     )
 
-    async def lookup(req: Request) -> int:
-        return await coordinator.lookup_request(req.num_tokens, req.hashes)
+    lookup: Lookup
+    if hasher is None:
+
+        async def lookup(req: Request) -> int:
+            return await coordinator.lookup_request(req.num_tokens, req.hashes)
+
+    else:
+        hash_ids = hasher.hash
+        hash_times = result.hash_times
+
+        async def lookup(req: Request) -> int:
+            started = clock()
+            assert req.token_ids is not None
+            hashes = hash_ids(req.token_ids)
+            hash_times.append(clock() - started)
+            return await coordinator.lookup_request(req.num_tokens, hashes)
 
     async with coordinator:
         await drive(requests, lookup, result, cfg, stop, progress)
@@ -179,9 +211,11 @@ async def naive_run(
     concurrency: int,
     stop: asyncio.Event,
     progress: Progress,
+    hasher: BlockHasher | None = None,
 ) -> RunResult:
+    """One seed-naive run (``hasher``: as :func:`coordinator_run`)."""
     result = RunResult(NAIVE, concurrency, planned(cfg, requests))
-    lookup = naive_lookup(cfg.layout, raw, result)
+    lookup = naive_lookup(cfg.layout, raw, result, hasher)
     await drive(requests, lookup, result, cfg, stop, progress)
     return result
 
@@ -295,6 +329,12 @@ async def _run(
         f"({s['warm_sessions']:,} warm), prompts {s['prompt_tokens_min']:,}-"
         f"{s['prompt_tokens_max']:,} tokens, built in {report.store['workload_build_s']:.2f} s",
     )
+    if cfg.spec.token_ids:
+        say(
+            err,
+            f"token ids: every lookup hashes its prompt first "
+            f"({describe_hasher(cfg.layout)}), in its latency",
+        )
     async with contextlib.AsyncExitStack() as stack:
         if cfg.master is None:
             t0 = time.perf_counter()
@@ -384,25 +424,32 @@ async def _measure(
         await asyncio.to_thread(raw.open_blocking)
         stack.push_async_callback(_close_raw, raw)
     requests = workload.requests
+    hasher = workload_hasher(cfg.layout) if cfg.spec.token_ids else None
     # Warm-up: one lookup each way (connections, first-call costs); not measured.
-    await coordinator_run(store, requests[:1], _one(cfg), 1, stop, Progress(err, False))
+    quiet = Progress(err, False)
+    await coordinator_run(store, requests[:1], _one(cfg), 1, stop, quiet, hasher)
     if raw is not None:
-        await naive_run(raw, requests[:1], _one(cfg), 1, stop, Progress(err, False))
+        await naive_run(raw, requests[:1], _one(cfg), 1, stop, quiet, hasher)
     for concurrency in cfg.concurrency:
         modes = [COORDINATOR, NAIVE] if raw is not None else [COORDINATOR]
         for mode in modes:
             if stop.is_set():
                 return
             if mode == COORDINATOR:
-                result = await coordinator_run(store, requests, cfg, concurrency, stop, progress)
+                result = await coordinator_run(
+                    store, requests, cfg, concurrency, stop, progress, hasher
+                )
             else:
                 assert raw is not None
-                result = await naive_run(raw, requests, cfg, concurrency, stop, progress)
+                result = await naive_run(raw, requests, cfg, concurrency, stop, progress, hasher)
             report.runs.append(result)
+            hashing = ""
+            if result.hash_times:
+                hashing = f" (hashing {result.hash_ms_median():.2f} ms of it)"
             say(
                 err,
                 f"  {mode:<11} c={concurrency:<4} {result.lookups:>8,} lookups "
-                f"{result.rate():>10,.0f}/s  p50 {result.percentile_ms(50):.2f} ms"
+                f"{result.rate():>10,.0f}/s  p50 {result.percentile_ms(50):.2f} ms{hashing}"
                 + (f"  {result.error_count} errors" if result.errors else ""),
             )
 

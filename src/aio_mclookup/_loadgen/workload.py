@@ -13,11 +13,23 @@ request finds the previous turn's prompt. Cold sessions stored nothing, and find
 system prompt, when a warm session stored it. Every request is distinct, and nothing of a
 request's own new tokens is in the store. Everything is deterministic for a given ``seed``.
 
+With ``every_turn`` (the ``sessions`` preset) a session is caught at a turn ``c >= 1`` and asks
+for every turn ``1..c`` (agents and chat clients resending a conversation), so the requests for
+its earlier turns find their whole prompt.
+
+With ``token_ids`` the prompts are synthetic token ids instead (uniform over a 151,936-token
+vocabulary, from a stream of their own, so the sessions, turns and lengths are the same as
+without): each system prompt is one token sequence, each turn appends its own tokens, and the
+block hashes are vLLM's, from :func:`workload_hasher` (a :class:`BlockHasher` for the layout's
+``hash_block_size`` and release). Sessions that share a system prompt then share its full hash
+blocks exactly as the chained synthetic hashes do, so both modes find the same hits.
+
 :func:`build_workload` is reusable by benchmarks: it returns the keys to store and the requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 from collections.abc import Iterator
@@ -29,19 +41,26 @@ import numpy.typing as npt
 
 from .._checks import positive_int
 from .._errors import InvalidRequest
+from .._hashing import BlockHasher
 from .._layout.groups import FullAttention, SlidingWindow
 from .._layout.layout import KVLayout
 
 __all__ = [
     "PRESETS",
+    "PRESET_WORKLOADS",
+    "VOCAB",
     "Request",
     "Workload",
     "WorkloadSpec",
     "build_workload",
+    "describe_hasher",
+    "describe_layout",
     "preset_layout",
+    "workload_hasher",
 ]
 
 HASH_WIDTH = 32
+VOCAB = 151_936  # token ids of token-id workloads are uniform in [0, VOCAB) (Qwen-sized)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "chat": {
@@ -63,10 +82,37 @@ PRESETS: dict[str, dict[str, Any]] = {
             {"kind": "sliding_window", "block_size": 8, "sliding_window": 128},
         ],
     },
+    "sessions": {
+        "vllm_version": "0.26.0",
+        "model": "meta-llama/Llama-3.1-70B-Instruct",
+        "cache_prefix": "tenant-a",
+        "hash_block_size": 16,
+        "scheduler_block_size": 16,
+        "tp_size": 4,
+        "num_kv_heads": 8,
+        "groups": [{"kind": "full_attention", "block_size": 16}],
+    },
 }
 """Named layouts (:meth:`KVLayout.from_dict` form), each naming its vLLM release: a single
-full-attention chat model and the DeepSeek-V4-like hybrid (full attention plus three sliding
-windows)."""
+full-attention chat model, the DeepSeek-V4-like hybrid (full attention plus three sliding
+windows), and a GQA model at TP 4 with 8 KV heads (four rank namespaces, so four keys per chunk)
+behind a cache prefix (bench_coalesce's ``sessions`` scenario)."""
+
+PRESET_WORKLOADS: dict[str, dict[str, Any]] = {
+    "sessions": {
+        "sessions": 128,
+        "turns": 6,
+        "system_prompts": 4,
+        "system_tokens": (1024, 1024),
+        "turn_tokens": (512, 512),
+        "hit_ratio": 1.0,
+        "every_turn": True,
+    },
+}
+"""Workload defaults of the presets that have their own (the others scale with the layout,
+:meth:`WorkloadSpec.for_layout`): ``sessions`` mirrors bench_coalesce's scenario, 128 sessions
+sharing 4 system prompts of 1,024 tokens, each at some turn of six, every turn adding 512 tokens,
+the earlier turns stored, every turn up to the current one asked for."""
 
 
 def preset_layout(name: str) -> KVLayout:
@@ -94,10 +140,16 @@ class WorkloadSpec:
     turn_tokens: tuple[int, int] = (100, 600)
     hit_ratio: float = 0.8
     seed: int = 0
+    every_turn: bool = False
+    """Each session asks for every turn from 1 to its current one (caught at a turn >= 1)."""
+    token_ids: bool = False
+    """Prompts as token ids, hashed with :func:`workload_hasher` (else chained hashes)."""
 
     def __post_init__(self) -> None:
         for name in ("sessions", "turns", "system_prompts"):
             positive_int(name, getattr(self, name))
+        if self.every_turn and self.turns < 2:
+            raise InvalidRequest(f"every_turn needs turns >= 2, got {self.turns}")
         for name in ("system_tokens", "turn_tokens"):
             low, high = getattr(self, name)
             if not (isinstance(low, int) and isinstance(high, int)) or low < 0 or high < low:
@@ -106,11 +158,16 @@ class WorkloadSpec:
             raise InvalidRequest(f"hit_ratio must be within [0, 1], got {self.hit_ratio!r}")
 
     @classmethod
-    def for_layout(cls, layout: KVLayout, **overrides: Any) -> WorkloadSpec:
+    def for_layout(
+        cls, layout: KVLayout, preset: str | None = None, **overrides: Any
+    ) -> WorkloadSpec:
         """Defaults scaled to the layout: long-context hybrids (scheduler block >= 256) get
-        longer prompts and fewer sessions, so the stored keys stay under ~300k either way."""
-        if layout.scheduler_block_size >= 256:
-            base: dict[str, Any] = {
+        longer prompts and fewer sessions, so the stored keys stay under ~300k either way; a
+        preset with its own workload (:data:`PRESET_WORKLOADS`) uses that instead."""
+        if preset in PRESET_WORKLOADS:
+            base: dict[str, Any] = dict(PRESET_WORKLOADS[preset])
+        elif layout.scheduler_block_size >= 256:
+            base = {
                 "sessions": 1200,
                 "system_tokens": (2000, 6000),
                 "turn_tokens": (256, 2048),
@@ -137,7 +194,10 @@ class Request:
     hashes: npt.NDArray[np.uint8]
     """The prompt's block hashes, one 32-byte row per full hash block (a view: do not mutate)."""
     hash_list: list[bytes] = field(repr=False, compare=False)
-    """The same hashes as ``bytes`` (vLLM's own form; the seed-naive path uses it)."""
+    """The same hashes as ``bytes`` (vLLM's own form; the seed-naive path uses it). Empty for
+    a token-id workload, whose lookups hash :attr:`token_ids` themselves."""
+    token_ids: npt.NDArray[np.uint32] | None = field(default=None, repr=False, compare=False)
+    """The prompt's token ids (a token-id workload; a view: do not mutate), else None."""
 
 
 @dataclass
@@ -186,6 +246,7 @@ class Workload:
         lengths = np.array([r.num_tokens for r in self.requests], dtype=np.int64)
         return {
             "requests": len(self.requests),
+            "token_ids": self.spec.token_ids,
             "sessions": self.spec.sessions,
             "warm_sessions": self.warm_sessions,
             "stored_prefixes": len(self.stored_prefixes),
@@ -214,55 +275,97 @@ def _uniform(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
     return int(rng.integers(bounds[0], bounds[1] + 1))
 
 
-def build_workload(layout: KVLayout, spec: WorkloadSpec) -> Workload:
-    """Build the synthetic cache and the requests (one per session, in random order).
+def workload_hasher(layout: KVLayout) -> BlockHasher:
+    """The :class:`BlockHasher` of token-id workloads: the layout's hash block size and release,
+    sha256; ``PYTHONHASHSEED`` unset, or ``"0"`` for releases before 0.29 (whose unset seed
+    cannot be reproduced)."""
+    minor = int(layout.vllm_version.split(".")[1])
+    return BlockHasher(
+        layout.hash_block_size,
+        seed=None if minor >= 29 else "0",
+        vllm_version=layout.vllm_version,
+    )
 
-    Cost: one sha256 per hash block of each session's prompt (~1 us each); no keys are built
-    here (see :meth:`Workload.store_keys`).
+
+def describe_hasher(layout: KVLayout) -> str:
+    """:func:`workload_hasher`'s configuration as a call (its seed is no secret here)."""
+    h = workload_hasher(layout)
+    seed = "'0'" if h.seeded else "None"
+    return (
+        f"BlockHasher({h.block_size}, algo={h.algo!r}, seed={seed}, "
+        f"vllm_version={h.vllm_version!r})"
+    )
+
+
+def build_workload(layout: KVLayout, spec: WorkloadSpec) -> Workload:
+    """Build the synthetic cache and the requests (in random order).
+
+    Cost: one sha256 per hash block of each session's prompt (~1 us each; with token ids the
+    vLLM hash of each block, ~0.5 us); no keys are built here (see
+    :meth:`Workload.store_keys`).
     """
     rng = np.random.default_rng(spec.seed)
     h = layout.hash_block_size
     root = hashlib.sha256(b"aio-mclookup workload seed %d" % spec.seed).digest()
     system_lengths = [_uniform(rng, spec.system_tokens) for _ in range(spec.system_prompts)]
-    system_chains = [_chain(root, b"system %d" % i, n // h) for i, n in enumerate(system_lengths)]
+    hasher = workload_hasher(layout) if spec.token_ids else None
+    # token ids come from a stream of their own: the sessions are the same either way
+    vocab = np.random.default_rng([spec.seed, 1])
+    system_chains: list[list[bytes]] = []
+    system_ids: list[npt.NDArray[np.uint32]] = []
+    if hasher is None:
+        system_chains = [
+            _chain(root, b"system %d" % i, n // h) for i, n in enumerate(system_lengths)
+        ]
+    else:
+        system_ids = [vocab.integers(0, VOCAB, n, dtype=np.uint32) for n in system_lengths]
     warm_flags = rng.random(spec.sessions) < spec.hit_ratio
+    first = 1 if spec.every_turn else 0
     requests: list[Request] = []
     stored: list[tuple[int, npt.NDArray[np.uint8]]] = []
     for session in range(spec.sessions):
         system = int(rng.integers(spec.system_prompts))
-        current = int(rng.integers(spec.turns))
+        current = int(rng.integers(first, spec.turns))
         lengths: list[int] = []
         total = system_lengths[system]
         for _ in range(current + 1):
             total += _uniform(rng, spec.turn_tokens)
             lengths.append(total)
-        shared = system_chains[system]
-        own = total // h - len(shared)
-        parent = shared[-1] if shared else root
-        chain = shared + _chain(parent, b"session %d" % session, own)
-        rows = _as_rows(chain)
+        ids: npt.NDArray[np.uint32] | None = None
+        chain: list[bytes] = []
+        if hasher is None:
+            shared = system_chains[system]
+            own = total // h - len(shared)
+            parent = shared[-1] if shared else root
+            chain = shared + _chain(parent, b"session %d" % session, own)
+            rows = _as_rows(chain)
+        else:
+            own_ids = vocab.integers(0, VOCAB, total - system_lengths[system], dtype=np.uint32)
+            ids = np.concatenate([system_ids[system], own_ids])
+            rows = hasher.hash(ids)
         if warm_flags[session]:
             # The turns this session already had were stored after they were served.
             for served in lengths[:-1]:
                 aligned = layout.align(served)
                 if aligned:
                     stored.append((aligned, rows[: served // h]))
-        num_tokens = lengths[-1]
-        requests.append(
-            Request(
-                index=-1,
-                session=session,
-                turn=current,
-                num_tokens=num_tokens,
-                token_len=layout.align(num_tokens),
-                hashes=rows[: num_tokens // h],
-                hash_list=chain[: num_tokens // h],
+        asked = lengths[1:] if spec.every_turn else lengths[-1:]
+        for turn, num_tokens in enumerate(asked, start=current + 1 - len(asked)):
+            requests.append(
+                Request(
+                    index=-1,
+                    session=session,
+                    turn=turn,
+                    num_tokens=num_tokens,
+                    token_len=layout.align(num_tokens),
+                    hashes=rows[: num_tokens // h],
+                    hash_list=chain[: num_tokens // h],
+                    token_ids=None if ids is None else ids[:num_tokens],
+                )
             )
-        )
     order = rng.permutation(len(requests)).tolist()
     shuffled = [
-        Request(i, r.session, r.turn, r.num_tokens, r.token_len, r.hashes, r.hash_list)
-        for i, r in enumerate(requests[j] for j in order)
+        dataclasses.replace(r, index=i) for i, r in enumerate(requests[j] for j in order)
     ]
     return Workload(layout, spec, shuffled, stored, int(warm_flags.sum()))
 
@@ -277,7 +380,15 @@ def describe_layout(layout: KVLayout) -> str:
             parts.append(f"swa/{g.block_size}/W{g.sliding_window}")
         else:
             parts.append(f"{g.kind}/{g.block_size}")
+    ranks = ""
+    if len(layout.namespaces) > 1:
+        ranks = (
+            f" tp={layout.tp_size} kv_heads={layout.num_kv_heads} "
+            f"({len(layout.namespaces)} keys per chunk)"
+        )
+    prefix = f" cache_prefix={layout.cache_prefix}" if layout.cache_prefix else ""
     return (
         f"{layout.model} [{', '.join(parts)}] hash_block={layout.hash_block_size} "
-        f"scheduler_block={layout.scheduler_block_size} vllm={layout.vllm_version}"
+        f"scheduler_block={layout.scheduler_block_size}{ranks}{prefix} "
+        f"vllm={layout.vllm_version}"
     )
