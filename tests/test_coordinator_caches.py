@@ -1,5 +1,6 @@
 """PositiveCache: membership is validity; batches expire by their own time; the size bound.
-KnownPrefixes: runs of present chunks by hash rows, their expiry per row, merging and bound."""
+KnownPrefixes: prefix trees of present chunks by hash rows, their expiry per row, branching
+and bound."""
 
 from __future__ import annotations
 
@@ -134,13 +135,21 @@ def test_known_prefixes_keep_each_rows_latest_expiry_but_never_beyond_an_earlier
     assert known.leading(SIG, _rows(1, 2, 3), now=5.5) == (2, 8.0)
 
 
-def test_known_prefixes_a_diverging_run_replaces_the_stored_one_from_the_divergence() -> None:
+def test_known_prefixes_branch_where_runs_diverge() -> None:
+    """A run that parts from a stored one adds its own branch (sessions sharing a system
+    prompt); both stay known, each with its own expiry."""
     known = KnownPrefixes()
     known.add(SIG, _rows(1, 2, 3, 4), until=10.0, max_rows=1000)
     known.add(SIG, _rows(1, 2, 8), until=6.0, max_rows=1000)
+    assert len(known) == 5 + 3 * RUN_OVERHEAD_ROWS  # the common edge and two branches
     assert known.leading(SIG, _rows(1, 2, 8, 9), now=0.0) == (3, 6.0)
-    assert known.leading(SIG, _rows(1, 2, 3, 4), now=0.0) == (2, 10.0)  # the common part
-    assert len(known) == 3 + RUN_OVERHEAD_ROWS
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=0.0) == (4, 10.0)
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=7.0) == (4, 10.0)
+    assert known.leading(SIG, _rows(1, 2, 8), now=7.0) == (2, 10.0)  # its branch is stale
+    assert len(known) == 4 + 2 * RUN_OVERHEAD_ROWS  # and dropped when met
+    known.add(SIG, _rows(1, 2, 3, 5, 6), until=12.0, max_rows=1000)  # parts inside an edge
+    assert known.leading(SIG, _rows(1, 2, 3, 5, 6), now=11.0) == (5, 12.0)
+    assert known.leading(SIG, _rows(1, 2, 3, 4), now=0.0) == (4, 10.0)
 
 
 def test_known_prefixes_keep_their_own_copy_of_the_rows() -> None:
@@ -200,7 +209,9 @@ def test_known_prefixes_count_how_often_a_run_grew_past_its_end() -> None:
     known.add(SIG, _rows(1, 2, 3), until=10.0, max_rows=1000, miss=(4).to_bytes(4, "little"))
     assert known.after(key, _rows(1, 2, 3, 4), 3) == LIKELY_ABSENT  # the same rows' newer miss
     assert known.after(key, _rows(1, 2, 3, 9), 3) == LIKELY_PRESENT
-    known.add(SIG, _rows(1, 2, 5), until=10.0, max_rows=1000)  # diverges: not a growth
-    assert known.after(key, _rows(1, 2, 5, 6), 3) == LIKELY_PRESENT  # (keeps the count)
+    known.add(SIG, _rows(1, 2, 5), until=10.0, max_rows=1000)  # diverges: a new branch
+    assert known.after(key, _rows(1, 2, 5, 6), 3) == LIKELY_ABSENT  # it never grew
+    assert known.after(key, _rows(1, 2, 3, 9), 3) == LIKELY_PRESENT  # the other one did
+    assert known.after(key, _rows(1, 2, 7), 2) == LIKELY_PRESENT  # a branch point
     known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000, miss=(7).to_bytes(4, "little"))
-    assert known.after(key, _rows(1, 2, 5, 6), 3) == LIKELY_PRESENT  # a prefix: no change
+    assert known.after(key, _rows(1, 2, 7), 2) == LIKELY_PRESENT  # a prefix: no change

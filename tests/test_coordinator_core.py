@@ -245,3 +245,41 @@ def test_many_lookups_random_stores_match_the_oracle(release: str) -> None:
     assert _settled_hits(lookups) == [expected(p, present) for p in plans]
     results = [lk.state.result for lk in lookups]
     assert results == [p.resolve_result([k in present for k in p.keys]) for p in plans]
+
+
+TP4 = KVLayout([FullAttention(16)], model="core-tp4", cache_prefix="tenant", hash_block_size=16,
+               scheduler_block_size=16, tp_size=4, num_kv_heads=8, vllm_version="0.26")
+
+
+@pytest.mark.parametrize("cache_ttl", [None, 5.0])
+def test_several_namespaces_are_probed_a_chunk_at_a_time(cache_ttl: float | None) -> None:
+    """Four keys per chunk: the key table holds one entry per chunk, an RPC carries whole
+    chunks (at most max_keys_per_rpc keys), and a chunk counts present only when every
+    namespace is: some chunks have one namespace missing."""
+    hashes = chain(40, b"tp4")
+    keys = TP4.plan(16 * 40, hashes).keys
+    present = set(keys[: 4 * 30]) - {keys[4 * 20 + 2]}  # chunk 20 lacks rank 2
+    core = core_of(cache_ttl=cache_ttl, max_keys_per_rpc=10, probe_window=4)
+    first = core.begin(TP4.plan(16 * 40, hashes), now=0.0)
+    second = core.begin(TP4.plan(16 * 40, hashes[:25] + chain(15, b"oth")), now=0.0)
+    assert first.unit == 4 and all(entry.count(b"\n") == 4 for entry in core.table.queued)
+    sent = answer_all(core, present)
+    assert sent and all(len(batch) <= 10 and len(batch) % 4 == 0 for batch in sent)
+    sent_keys = [key for batch in sent for key in batch]
+    if cache_ttl is not None:  # (without a cache, a later round asks again)
+        assert len(sent_keys) == len(set(sent_keys))  # the shared chunks went once
+    for lookup in (first, second):
+        assert lookup.error is None and lookup.hit == expected(lookup.plan, present) == 16 * 20
+    assert core.stats.keys_sent_total == len(sent_keys)
+
+
+def test_plain_keys_and_chunk_items_share_an_rpc() -> None:
+    """A coordinator serving a one-namespace and a four-namespace layout: their entries go
+    out together, each answered as its own layout's rules say."""
+    one, four = chain(8, b"one"), chain(8, b"tp4")
+    present = set(FULL16.plan(128, one).keys[:5]) | set(TP4.plan(128, four).keys[:4 * 6])
+    core = core_of(cache_ttl=5.0, max_rpcs_in_flight=1)
+    lookups = [core.begin(FULL16.plan(128, one), now=0.0), core.begin(TP4.plan(128, four), now=0.0)]
+    sent = answer_all(core, present)
+    assert len(sent[0]) == 8 + 4 * 8  # one RPC: the plain keys and the chunks' keys
+    assert [lk.hit for lk in lookups] == [expected(lk.plan, present) for lk in lookups] == [80, 96]

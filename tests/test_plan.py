@@ -173,7 +173,7 @@ def test_mixed_hash_widths_give_vllm_keys() -> None:
         plan = layout.plan(token_len, hashes)
         assert _decoded(plan.keys) == _ref_keys(layout, token_len, hashes)
         idx = np.array(sorted(rng.sample(range(plan.num_keys), plan.num_keys // 2)))
-        assert layout.plan(token_len, hashes).keys_at(idx) == [plan.keys[i] for i in idx]
+        assert layout.plan(token_len, hashes)._keys_at(idx) == [plan.keys[i] for i in idx]
 
 
 def test_hash_widths_16_and_32() -> None:
@@ -259,15 +259,15 @@ def test_keys_at_matches_keys(layout: KVLayout) -> None:
         size = min(size, full.num_keys)
         idx = np.sort(rng.choice(full.num_keys, size=size, replace=False)).astype(np.int64)
         want = [keys[i] for i in idx.tolist()]
-        assert layout.plan(token_len, hashes).keys_at(idx) == want  # before keys are assembled
-        assert full.keys_at(idx) == want  # after
+        assert layout.plan(token_len, hashes)._keys_at(idx) == want  # before keys are assembled
+        assert full._keys_at(idx) == want  # after
     arr = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(n, 32)
     assert layout.plan(token_len, arr).keys == keys
     idx = np.arange(0, full.num_keys, 3, dtype=np.int64)
-    assert layout.plan(token_len, arr).keys_at(idx) == [keys[i] for i in idx.tolist()]
+    assert layout.plan(token_len, arr)._keys_at(idx) == [keys[i] for i in idx.tolist()]
     span = range(full.num_keys // 3, full.num_keys - 1)  # contiguous runs come as ranges
-    assert layout.plan(token_len, hashes).keys_at(span) == keys[span.start : span.stop]
-    assert full.keys_at(span) == keys[span.start : span.stop]
+    assert layout.plan(token_len, hashes)._keys_at(span) == keys[span.start : span.stop]
+    assert full._keys_at(span) == keys[span.start : span.stop]
 
 
 @pytest.mark.parametrize("eagle", [False, True])
@@ -495,10 +495,10 @@ def test_keys_at_hex_encodes_only_the_hashes_it_needs() -> None:
     rows = np.random.default_rng(3).integers(0, 256, size=(64, 32), dtype=np.uint8)
     plan = _full16().plan(16 * 64, rows)
     keys = _full16().plan(16 * 64, rows).keys
-    assert plan.keys_at(range(10, 13)) == keys[10:13]
-    assert plan.keys_at(np.array([0, 40, 63])) == [keys[0], keys[40], keys[63]]
+    assert plan._keys_at(range(10, 13)) == keys[10:13]
+    assert plan._keys_at(np.array([0, 40, 63])) == [keys[0], keys[40], keys[63]]
     assert plan.groups[0].hex_if_encoded is None  # nothing else was encoded
-    assert plan.keys_at(range(0, 64)) == keys
+    assert plan._keys_at(range(0, 64)) == keys
 
 
 @pytest.mark.parametrize(
@@ -515,11 +515,11 @@ def test_runs_of_keys_built_by_splitting_match_vllm(cache_prefix: str, separator
     rows = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(300, -1)
     rng = np.random.default_rng(5)
     for lo, hi in [(0, 1), (0, 2), (7, 40), (10, 105), (0, 95), (0, 96), (100, 300), (0, 300)]:
-        assert layout.plan(16 * 300, rows).keys_at(range(lo, hi)) == want[lo:hi]
-        assert layout.plan(16 * 300, hashes).keys_at(range(lo, hi)) == want[lo:hi]
+        assert layout.plan(16 * 300, rows)._keys_at(range(lo, hi)) == want[lo:hi]
+        assert layout.plan(16 * 300, hashes)._keys_at(range(lo, hi)) == want[lo:hi]
     for size in (2, 30, 95, 96, 150):
         idx = np.sort(rng.choice(300, size=size, replace=False)).astype(np.int64)
-        assert layout.plan(16 * 300, rows).keys_at(idx) == [want[i] for i in idx.tolist()]
+        assert layout.plan(16 * 300, rows)._keys_at(idx) == [want[i] for i in idx.tolist()]
     assert layout.plan(16 * 300, rows).keys == want
 
 
@@ -534,8 +534,8 @@ def test_one_key_at_a_time_matches_vllm(hashes: list[bytes]) -> None:
     for lay in (_full16(), layout):
         want = [k.encode() for k in _ref_keys(lay, 64, hashes)]
         for i in range(len(want)):
-            assert lay.plan(64, hashes).keys_at(range(i, i + 1)) == [want[i]]
-            assert lay.plan(64, hashes).keys_at(np.array([i])) == [want[i]]
+            assert lay.plan(64, hashes)._keys_at(range(i, i + 1)) == [want[i]]
+            assert lay.plan(64, hashes)._keys_at(np.array([i])) == [want[i]]
 
 
 @pytest.mark.parametrize(
@@ -657,7 +657,7 @@ def test_resolve_accepts_numpy_dtypes() -> None:
     for dtype in (np.int8, np.int32, np.int64, np.uint8, np.float64, np.bool_):
         assert plan.resolve(np.array(answers, dtype=dtype)) == 32
     assert plan.resolve(tuple(answers)) == 32
-    assert plan.resolve_present(np.array(answers, dtype=bool)) == 32
+    assert plan._resolve_present(np.array(answers, dtype=bool)) == 32
 
 
 # -------------------------------------------------------------- the seed regression (issue)
@@ -766,3 +766,31 @@ def test_masked_hashes_cost_nothing_dsv4() -> None:
     assert len(wanted) == 272  # distinct hash indices behind those 336 keys, of 1,024
     poisoned: list[Any] = [h if i in wanted else Poison() for i, h in enumerate(hashes._items)]
     assert layout.plan(4096, poisoned).keys == plan.keys
+
+
+def test_chunk_items_hold_every_namespaces_key_of_a_chunk() -> None:
+    """The coordinator's view of a chunk in several rank namespaces: one item, its keys in
+    vLLM's order, each ended by the item mark; one namespace or several groups: no items."""
+    layout = KVLayout([FullAttention(16)], model="org/m", hash_block_size=16,
+                      scheduler_block_size=16, tp_size=4, num_kv_heads=8)
+    hashes = [bytes([i]) * 32 for i in range(12)]
+    plan = layout.plan(16 * 12, hashes)
+    keys = plan.keys
+    assert plan._chunk_keys == 4
+    for indices in (range(8, 20), np.array([0, 1, 2, 3, 44, 45, 46, 47]), range(0, 48)):
+        chunks = sorted({int(i) // 4 for i in (indices if isinstance(indices, range)
+                                                else indices.tolist())})
+        assert plan._items_at(indices) == [
+            b"".join(key + b"\n" for key in keys[4 * c : 4 * c + 4]) for c in chunks
+        ]
+    one = KVLayout([FullAttention(16)], model="org/m", hash_block_size=16,
+                   scheduler_block_size=16)
+    assert one.plan(16 * 12, hashes)._chunk_keys == 1
+
+
+def test_plan_keeps_the_coordinators_helpers_private() -> None:
+    plan = KVLayout([FullAttention(16)], model="org/m", hash_block_size=16,
+                    scheduler_block_size=16).plan(32, [b"a" * 32, b"b" * 32])
+    for name in ("keys_at", "key_span", "resolve_present", "resolve_present_result"):
+        assert not hasattr(plan, name)
+    assert plan.resolve([1, 1]) == 32 and plan.resolve_result([1, 0]).hit_length == 16

@@ -1,8 +1,8 @@
 """The coordinator's positive-answer caches: what the store recently answered present.
 
 :class:`PositiveCache` holds keys; :class:`KnownPrefixes` holds runs of full-attention chunks
-known present from a request's first chunk on, as raw hash rows, so that a lookup sharing one
-skips those keys without building them.
+known present from a request's first chunk on, as prefix trees of raw hash rows, so that a
+lookup sharing one skips those keys without building them.
 
 PositiveCache: membership is validity. Keys are kept in batches (one per RPC), each with its
 expiry (the RPC's send time + ``cache_ttl``), in a heap; :meth:`PositiveCache.expire` drops
@@ -20,6 +20,7 @@ import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -97,45 +98,63 @@ class PositiveCache:
 
 
 @dataclass(eq=False, slots=True)
-class _Run:
+class _Node:
+    """One edge of a prefix tree: a run of chunks known present, and the runs that branch off
+    after it (a radix tree: a node holds rows until the first point where stored runs part)."""
+
     rows: npt.NDArray[np.uint8]
-    """Raw hashes of the chunks known present, from the first chunk on."""
+    """Raw hashes of the edge's chunks."""
     until: npt.NDArray[np.float64]
-    """Per row: until when every row up to it is known present (non-increasing)."""
+    """Per row: until when every row from the tree's first to it is known present
+    (non-increasing along every path)."""
+    children: dict[bytes, _Node] | None = None
+    """The runs that go on after the last row, by their first row's bytes."""
     miss: bytes | None = None
     """The hash found absent right after the rows, by the lookup that stored them (None:
     unknown). A hint for how to probe, never an answer: absent answers are not cached."""
     grown: int = 0
-    """How often a lookup found present chunks right after the stored rows (and grew them)."""
+    """How often a lookup found present chunks right after the rows (and grew them)."""
+
+
+def _size(node: _Node) -> int:
+    """Rows held by ``node`` and every node below it, each node counting
+    :data:`RUN_OVERHEAD_ROWS` more."""
+    total: int = node.rows.shape[0] + RUN_OVERHEAD_ROWS
+    if node.children:
+        for child in node.children.values():
+            total += _size(child)
+    return total
 
 
 class KnownPrefixes:
-    """Runs of full-attention chunks known present from a request's first chunk on.
+    """Runs of full-attention chunks known present from a request's first chunk on, as prefix
+    trees of hash rows.
 
-    A run is found by its key signature (the key prefixes of the group's rank namespaces: the
-    same hash rows then make the same keys) and its first hash. It holds the chunks' raw hash
-    rows; a lookup compares its own rows with them in one vectorised step instead of building
-    and testing a key per chunk. Only the leading part of a run can matter (a full-attention
-    hit stops at the first miss), so each row keeps the earliest expiry of the rows up to it.
-    One run per first hash: a request that diverges from the stored run replaces it from the
-    divergence on. A run out of date is dropped when next met, or pushed out by newer ones: at
-    most ``max_rows`` rows in all, each run counting :data:`RUN_OVERHEAD_ROWS` more (the runs
-    stored or refreshed longest ago go first).
+    A tree is found by its key signature (the key prefixes of the group's rank namespaces: the
+    same hash rows then make the same keys) and its first hash. Its edges hold the chunks' raw
+    hash rows; a lookup compares its own rows with an edge's in one vectorised step, edge after
+    edge where stored runs branch (multi-turn sessions that share a system prompt, each turn
+    extending the last), instead of building and testing a key per chunk. Only the leading
+    part of a run can matter (a full-attention hit stops at the first miss), so each row keeps
+    the earliest expiry of the rows up to it. A request that diverges from the stored runs
+    adds its own branch from the divergence on. Rows out of date are dropped when next met, or
+    pushed out by newer trees: at most ``max_rows`` rows in all, each edge counting
+    :data:`RUN_OVERHEAD_ROWS` more (the trees stored or refreshed longest ago go first).
     """
 
     __slots__ = ("_rows", "_runs")
 
     def __init__(self) -> None:
-        self._runs: dict[tuple[Hashable, bytes], _Run] = {}
+        self._runs: dict[tuple[Hashable, bytes], list[Any]] = {}  # key -> [root, its size]
         self._rows = 0
 
     def __len__(self) -> int:
-        """Rows held, over all runs (each counting ``RUN_OVERHEAD_ROWS`` more)."""
+        """Rows held, over all trees (each edge counting ``RUN_OVERHEAD_ROWS`` more)."""
         return self._rows
 
     @staticmethod
     def key_of(signature: Hashable, rows: npt.NDArray[np.uint8]) -> tuple[Hashable, bytes]:
-        """The key of the run ``rows`` (at least one) belong to: signature and first hash."""
+        """The key of the tree ``rows`` (at least one) belong to: signature and first hash."""
         return signature, rows[0].tobytes()
 
     def leading(
@@ -148,23 +167,45 @@ class KnownPrefixes:
         """How many of ``rows`` (a request's chunk hashes, from the first) are known present
         at ``now``, and until when all of those are (``inf`` when none are). ``key`` is
         :meth:`key_of` the rows, if the caller has it already."""
-        if not rows.shape[0]:
+        n = rows.shape[0]
+        if not n:
             return 0, _NEVER
         if key is None:
             key = (signature, rows[0].tobytes())
-        run = self._runs.get(key)
-        if run is None:
+        tree = self._runs.get(key)
+        if tree is None:
             return 0, _NEVER
-        until = run.until
-        if until[0] <= now:  # the whole run is out of date
+        node: _Node = tree[0]
+        if node.until[0] <= now:  # the whole tree is out of date
             del self._runs[key]
-            self._rows -= until.shape[0] + RUN_OVERHEAD_ROWS
+            self._rows -= tree[1]
             return 0, _NEVER
-        m = min(rows.shape[0], until.shape[0])
-        if until[m - 1] <= now:  # its tail is out of date
-            m = int(np.count_nonzero(until[:m] > now))
-        count = common_rows(rows, run.rows, m)
-        return count, (float(until[count - 1]) if count else _NEVER)
+        depth = 0
+        until = _NEVER
+        while True:
+            edge = node.until.shape[0]
+            m = min(edge, n - depth)
+            times = node.until
+            stale = times[m - 1] <= now
+            if stale:  # its tail is out of date
+                m = int(np.count_nonzero(times[:m] > now))
+            count = common_rows(rows[depth:], node.rows, m) if m else 0
+            if count:
+                until = float(times[count - 1])
+            depth += count
+            children = node.children
+            if stale or count < edge or depth >= n or not children:
+                return depth, until
+            child = children.get(rows[depth].tobytes())
+            if child is None:
+                return depth, until
+            if child.until[0] <= now:  # a branch wholly out of date: drop it
+                del children[rows[depth].tobytes()]
+                dropped = _size(child)
+                tree[1] -= dropped
+                self._rows -= dropped
+                return depth, until
+            node = child
 
     def add(
         self,
@@ -183,56 +224,97 @@ class KnownPrefixes:
             return
         if key is None:
             key = (signature, rows[0].tobytes())
-        run = self._runs.pop(key, None)  # re-added last: the newest runs go last
-        grown = 0
-        if run is not None:
-            self._rows -= run.until.shape[0] + RUN_OVERHEAD_ROWS
-            stored = run.until.shape[0]
-            common = common_rows(rows, run.rows)
-            if common == count:  # a prefix of the stored run: keep it, refresh these rows
-                np.maximum(run.until[:count], until, out=run.until[:count])
-                if count == stored and miss is not None:
-                    run.miss = miss  # the latest miss after the same rows
-                self._store(key, run, max_rows)
-                return
-            expiry = np.full(count, until)
-            np.maximum(run.until[:common], until, out=expiry[:common])
-            grown = run.grown + (common == stored)  # (found more right after the run)
-        else:
-            expiry = np.full(count, until)
-        self._store(key, _Run(np.array(rows, dtype=np.uint8), expiry, miss, grown), max_rows)
+        tree = self._runs.pop(key, None)  # re-added last: the newest trees go last
+        if tree is None:
+            node = _Node(np.array(rows, dtype=np.uint8), np.full(count, until), None, miss)
+            self._store(key, [node, count + RUN_OVERHEAD_ROWS], max_rows)
+            return
+        self._rows -= tree[1]
+        node = tree[0]
+        depth = 0
+        while True:
+            edge = node.until.shape[0]
+            common = common_rows(rows[depth:], node.rows, min(edge, count - depth))
+            np.maximum(node.until[:common], until, out=node.until[:common])
+            depth += common
+            if depth == count:  # the request's rows end here: refreshed
+                if common == edge and miss is not None and not node.children:
+                    node.miss = miss  # the latest miss after the same rows
+                break
+            rest = np.array(rows[depth:], dtype=np.uint8)
+            added = _Node(rest, np.full(count - depth, until), None, miss)
+            if common < edge:  # diverges inside the edge: split it there
+                tail = _Node(
+                    node.rows[common:], node.until[common:], node.children, node.miss,
+                    node.grown,
+                )
+                node.rows, node.until = node.rows[:common], node.until[:common]
+                node.children = {tail.rows[0].tobytes(): tail, rest[0].tobytes(): added}
+                node.miss, node.grown = None, 0
+                tree[1] += added.rows.shape[0] + RUN_OVERHEAD_ROWS * 2
+                break
+            children = node.children
+            if children is None:  # found present right after a leaf: it grows
+                node.rows = np.concatenate((node.rows, rest))
+                node.until = np.concatenate((node.until, added.until))
+                node.miss = miss
+                node.grown += 1
+                tree[1] += rest.shape[0]
+                break
+            child = children.get(rest[0].tobytes())
+            if child is None:
+                children[rest[0].tobytes()] = added
+                tree[1] += rest.shape[0] + RUN_OVERHEAD_ROWS
+                break
+            node = child
+        self._store(key, tree, max_rows)
 
     def after(
         self, key: tuple[Hashable, bytes] | None, rows: npt.NDArray[np.uint8], count: int
     ) -> NextChunk:
         """What is likely of a request's chunk ``count``, right after the ``count`` rows it
-        shares with the run at ``key`` (as :meth:`leading` found them): a hint for whether
+        shares with the tree at ``key`` (as :meth:`leading` found them): a hint for whether
         the first probe after a known prefix is that chunk alone or a wider window.
 
-        * ``LEAVES_RUN``: the request differs from the run there (its own continuation,
-          which is likely absent);
-        * ``LIKELY_ABSENT``: it is the run's very miss, or nothing better is known;
-        * ``LIKELY_PRESENT``: the request goes on exactly like the run (rows known
-          present, though out of date), or the run has grown past its end before (requests
-          sharing a document up to different cuts)."""
-        run = None if key is None else self._runs.get(key)
-        if run is None or count >= rows.shape[0]:
+        * ``LEAVES_RUN``: the request differs from a stored run inside it (its own
+          continuation, which is likely absent);
+        * ``LIKELY_ABSENT``: it is the stored run's very miss, or nothing better is known;
+        * ``LIKELY_PRESENT``: the request goes on exactly like a stored run (rows known
+          present, though out of date), it parts from the stored runs where they branch
+          (other requests found their own continuations present there: turns of sessions
+          sharing a prompt), or the run has grown past its end before (requests sharing a
+          document up to different cuts)."""
+        tree = None if key is None else self._runs.get(key)
+        if tree is None or count >= rows.shape[0]:
             return NextChunk.LIKELY_ABSENT
-        stored = run.rows.shape[0]
-        if count < stored:
-            if rows[count].tobytes() != run.rows[count].tobytes():
-                return NextChunk.LEAVES_RUN
-            return NextChunk.LIKELY_PRESENT
-        if count > stored or run.miss == rows[count].tobytes() or not run.grown:
-            return NextChunk.LIKELY_ABSENT
-        return NextChunk.LIKELY_PRESENT
+        node: _Node = tree[0]
+        depth = 0
+        while True:
+            edge = node.until.shape[0]
+            if count < depth + edge:  # chunk ``count`` is inside this edge
+                stored = node.rows[count - depth].tobytes()
+                if rows[count].tobytes() != stored:
+                    return NextChunk.LEAVES_RUN
+                return NextChunk.LIKELY_PRESENT
+            depth += edge
+            children = node.children
+            if depth == count:
+                if children:
+                    return NextChunk.LIKELY_PRESENT  # a branch point (whichever branch)
+                if node.miss == rows[count].tobytes() or not node.grown:
+                    return NextChunk.LIKELY_ABSENT
+                return NextChunk.LIKELY_PRESENT
+            child = None if not children else children.get(rows[depth].tobytes())
+            if child is None:
+                return NextChunk.LIKELY_ABSENT  # (the request parted before ``count``)
+            node = child
 
-    def _store(self, key: tuple[Hashable, bytes], run: _Run, max_rows: int) -> None:
-        self._runs[key] = run
-        self._rows += run.until.shape[0] + RUN_OVERHEAD_ROWS
+    def _store(self, key: tuple[Hashable, bytes], tree: list[Any], max_rows: int) -> None:
+        self._runs[key] = tree
+        self._rows += tree[1]
         while self._rows > max_rows and self._runs:
             oldest = next(iter(self._runs))
-            self._rows -= self._runs.pop(oldest).until.shape[0] + RUN_OVERHEAD_ROWS
+            self._rows -= self._runs.pop(oldest)[1]
 
 
 def common_rows(

@@ -23,19 +23,22 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .._arrays import KeyIndices
+from .._arrays import IntArray, KeyIndices
 from .._errors import Error, InternalError, StoreError
 from .._layout.groups import FullAttention
 from .._observe.stats import CoordinatorStats
+from .._plan.keys import ITEM_END
 from .._plan.plan import LookupPlan
 from .._plan.probing import SCOUTS, ProbeState
+from .._resolve.answers import present_keys
 from .breaker import Breaker
 from .caches import KnownPrefixes, NextChunk, PositiveCache, common_rows
 from .options import CoordinatorOptions
@@ -49,6 +52,9 @@ _EAGER_KEYS = 4096
 """Plans up to this many keys build them all at once; except a lone full-attention group,
 which builds only the ranges its rounds probe (the caches answer most of its keys)."""
 _NOTHING_CACHED: dict[bytes, float] = {}  # never written: a dict's get beats a proxy's
+_WIDE = 48
+"""Rounds of at least this many entries, and runs of at least this many answers in one RPC,
+take the array paths (numpy's fixed cost per call beats a loop's cost per key from there)."""
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
 tracked, and as a time it is long past, so no known prefix is ever built on it."""
@@ -70,10 +76,15 @@ class LookupState:
     done: bool = False
     """Settled (hit, error or given up by the caller): answers for it are dropped."""
     round_keys: KeyIndices = range(0)
-    round_present: list[float] = field(default_factory=list)  # (set by every round)
-    """Per key of the round: 0.0 absent, else until when it is known present."""
+    round_present: list[float] | npt.NDArray[np.float64] = field(default_factory=list)
+    """Per entry of the round: 0.0 absent, else until when it is known present (an array
+    for a round of :data:`_WIDE` entries or more, which are handled a run at a time)."""
     waiting: int = 0
     """Answers of the round still to come."""
+    unit: int = 1
+    """Keys per entry of its rounds: 1, or (one group, several rank namespaces) a chunk's keys
+    in every namespace as one *item* (see :func:`~.._plan.keys.assemble_items`), so that the
+    caches, the key table and the fan-out do one step per chunk, not one per key."""
     likely_miss: bool = False
     """A cache knew a prefix and the chunk after it is likely absent (see
     :meth:`KnownPrefixes.after`): the first round probes that chunk alone."""
@@ -127,6 +138,8 @@ class CoordinatorCore:
         self._prefixes = KnownPrefixes()  # likewise
         self._walkers: dict[tuple[Hashable, bytes], LookupState] = {}
         self._now = 0.0
+        self._unit = 1
+        """The largest :attr:`LookupState.unit` begun: RPCs take whole items."""
 
     # --------------------------------------------------------------------------- lookups
     def begin(self, plan: LookupPlan, now: float, waiter: Any = None) -> LookupState:
@@ -139,12 +152,18 @@ class CoordinatorCore:
         self.pending_keys += plan.num_keys
         try:
             prefix_mode = lookup.state.known_prefix is not None
-            if not prefix_mode and plan.num_keys <= _EAGER_KEYS:
+            if prefix_mode:
+                unit = plan._chunk_keys
+                if 1 < unit <= options.max_keys_per_rpc:
+                    lookup.unit = unit
+                    if unit > self._unit:
+                        self._unit = unit
+            elif plan.num_keys <= _EAGER_KEYS:
                 _build_keys(plan)  # one vectorised build beats several partial ones
             if (
                 options.rounds
                 and (options.cache_ttl is not None or self._cache or self._prefixes)
-                and not plan.probe_in_one_round
+                and not lookup.state.all_at_once  # (rounds on: the plan's own verdict)
             ):
                 self._prefill_from_cache(lookup, prefix_mode)
             if lookup.prefix_rows is None or lookup.own_way or not self._follow(lookup):
@@ -212,9 +231,11 @@ class CoordinatorCore:
                 return
             self.stats.rounds_total += 1
             lookup.round_keys = wanted
-            lookup.round_present = [0.0] * count
+            if lookup.unit > 1:
+                count //= lookup.unit
+            lookup.round_present = np.zeros(count) if count >= _WIDE else [0.0] * count
             lookup.waiting = count
-            if self._subscribe(lookup, lookup.plan.keys_at(wanted)):
+            if self._subscribe(lookup, _entries(lookup, wanted)):
                 return  # answers will arrive from the store
             self._record_round(lookup)
 
@@ -230,10 +251,18 @@ class CoordinatorCore:
     def _record_round(self, lookup: LookupState) -> None:
         """Every answer of the round is in: record them (and how long they hold)."""
         if lookup.prefix_rows is not None:
-            until = min(filter(None, lookup.round_present), default=math.inf)
+            present = lookup.round_present
+            if isinstance(present, list):
+                until = min(filter(None, present), default=math.inf)
+            else:
+                known = present[present > 0]
+                until = float(known.min()) if known.size else math.inf
             if until < lookup.valid_until:
                 lookup.valid_until = until
-        lookup.state.record(lookup.round_keys, lookup.round_present)
+        present = lookup.round_present
+        if lookup.unit > 1:  # one answer per item: per key, as the probe state counts them
+            present = np.repeat(present, lookup.unit)
+        lookup.state.record(lookup.round_keys, present)
 
     def _remember_prefix(self, lookup: LookupState) -> None:
         """A lone full-attention lookup settled: remember its present prefix by hash rows."""
@@ -269,43 +298,108 @@ class CoordinatorCore:
         queued = table.queued
         in_flight = table.in_flight
         answering = table.answering
-        present = lookup.round_present
         base = lookup.ident << POS_BITS
-        fresh = hits = shared = just_answered = 0
-        for pos, key in enumerate(keys):
-            until = cached.get(key)
-            if until is not None:
-                present[pos] = until
-                hits += 1
-                continue
-            if answering:  # answered by the RPC whose answers are being fanned out
-                answer = answering.get(key)
-                if answer is not None:
-                    present[pos] = answer
-                    just_answered += 1
+        if isinstance(lookup.round_present, np.ndarray):
+            fresh, hits, shared, just_answered, keys = self._subscribe_wide(
+                lookup, keys, cached, base
+            )
+        else:
+            present = lookup.round_present
+            fresh = hits = shared = just_answered = 0
+            for pos, key in enumerate(keys):
+                until = cached.get(key)
+                if until is not None:
+                    present[pos] = until
+                    hits += 1
                     continue
-            where = in_flight
-            subscribers = in_flight.get(key)
-            if subscribers is None:
-                where = queued
-                subscribers = queued.get(key)
+                if answering:  # answered by the RPC whose answers are being fanned out
+                    answer = answering.get(key)
+                    if answer is not None:
+                        present[pos] = answer
+                        just_answered += 1
+                        continue
+                where = in_flight
+                subscribers = in_flight.get(key)
                 if subscribers is None:
-                    queued[key] = base | pos
-                    fresh += 1
-                    continue
-            if isinstance(subscribers, int):
-                where[key] = [subscribers, base | pos]
-            else:
-                subscribers.append(base | pos)
-            shared += 1
-        stats.dedup_hits_total += shared + just_answered
-        stats.cache_hits_total += hits
+                    where = queued
+                    subscribers = queued.get(key)
+                    if subscribers is None:
+                        queued[key] = base | pos
+                        fresh += 1
+                        continue
+                if isinstance(subscribers, int):
+                    where[key] = [subscribers, base | pos]
+                else:
+                    subscribers.append(base | pos)
+                shared += 1
+        unit = lookup.unit
+        stats.dedup_hits_total += (shared + just_answered) * unit
+        stats.cache_hits_total += hits * unit
         lookup.waiting -= hits + just_answered
         if fresh:
             table.queue_round(keys)
             self._dispatch_lookups.add(lookup)
             self.fresh_keys = True
         return lookup.waiting > 0
+
+    def _subscribe_wide(
+        self, lookup: LookupState, keys: Sequence[bytes], cached: Mapping[bytes, float], base: int
+    ) -> tuple[int, int, int, int, Sequence[bytes]]:
+        """:meth:`_subscribe` for a wide round (an array of answers): what the cache and the
+        RPC being fanned out know, found at C speed; the rest queued at once when nothing
+        else wants them (a cold round), else one by one. Returns the counts (fresh, cached,
+        shared, just answered) and the entries still to come."""
+        table = self.table
+        queued, in_flight = table.queued, table.in_flight
+        open_keys = keys
+        open_at: range | IntArray = range(len(keys))  # their positions in the round
+        answered = [0, 0]
+        present = lookup.round_present
+        assert isinstance(present, np.ndarray)
+        for which, source in enumerate((cached, table.answering)):
+            if not source or source.keys().isdisjoint(open_keys):
+                continue
+            got = np.array(list(map(source.get, open_keys)), dtype=np.float64)  # None: nan
+            unknown = np.isnan(got)
+            found = np.flatnonzero(~unknown)
+            answered[which] = found.size
+            present[np.asarray(open_at)[found]] = got[found]
+            open_keys = list(itertools.compress(open_keys, unknown.tolist()))
+            open_at = np.asarray(open_at)[unknown]
+        fresh = shared = 0
+        if open_keys and (
+            (not in_flight or in_flight.keys().isdisjoint(open_keys))
+            and (not queued or queued.keys().isdisjoint(open_keys))
+        ):
+            before = len(queued)
+            subscribers = (
+                range(base, base + len(open_keys))
+                if isinstance(open_at, range)
+                else (open_at + base).tolist()
+            )
+            queued.update(zip(open_keys, subscribers))
+            fresh = len(queued) - before
+            if fresh != len(open_keys):  # a key repeats in the round: one entry per position
+                for key in open_keys:
+                    queued.pop(key, None)
+                fresh = 0
+        if open_keys and not fresh:
+            for pos, key in zip(_ints(open_at), open_keys):
+                where = in_flight
+                subs = in_flight.get(key)
+                if subs is None:
+                    where = queued
+                    subs = queued.get(key)
+                    if subs is None:
+                        queued[key] = base | pos
+                        fresh += 1
+                        continue
+                if isinstance(subs, int):
+                    where[key] = [subs, base | pos]
+                else:
+                    subs.append(base | pos)
+                shared += 1
+        return fresh, answered[0], shared, answered[1], open_keys
 
     def _subscribed(self, subscribers: Subscribers) -> Iterator[tuple[LookupState, int]]:
         """The unsettled lookups among ``subscribers``, with their positions."""
@@ -356,7 +450,7 @@ class CoordinatorCore:
             spec = geometry.groups[probe.group_id]
             if not probe.chunks.size or not isinstance(spec, FullAttention):
                 continue
-            span = plan.key_span(probe)
+            span = plan._key_span(probe)
             run = 0
             likely_miss = True
             if prefix_mode and probe.hash_rows is not None:
@@ -376,10 +470,11 @@ class CoordinatorCore:
                     lookup.own_way = after is NextChunk.LEAVES_RUN
             if cache and not run:  # (else the first round reads the key cache as it goes)
                 block = k
+                unit = lookup.unit
                 while run < len(span):
                     stop = min(span.stop, span.start + run + block)
-                    got, until = cache.leading(plan.keys_at(range(span.start + run, stop)))
-                    run += got
+                    got, until = cache.leading(_entries(lookup, range(span.start + run, stop)))
+                    run += got * unit
                     lookup.valid_until = min(lookup.valid_until, until)
                     if span.start + run < stop:
                         break
@@ -489,7 +584,7 @@ class CoordinatorCore:
         queued = self.table.queued
         if not lookup.waiting or not queued:
             return
-        for key in lookup.plan.keys_at(lookup.round_keys):
+        for key in _entries(lookup, lookup.round_keys):
             subscribers = queued.get(key)
             if subscribers is not None and not any(self._subscribed(subscribers)):
                 del queued[key]
@@ -511,12 +606,15 @@ class CoordinatorCore:
         slots = breaker.slots(options.max_rpcs_in_flight - self.rpcs_in_flight, self.rpcs_in_flight)
         if slots <= 0:
             return [], None
-        per_rpc = options.max_keys_per_rpc
-        keys = table.take(slots * per_rpc)
+        unit = self._unit
+        per_rpc = max(1, options.max_keys_per_rpc // unit)  # entries (keys, or items of unit)
+        entries = table.take(slots * per_rpc)
         # Split evenly over the free slots, each RPC at most max_keys_per_rpc keys.
-        count = min(slots, -(-len(keys) // per_rpc))
-        size = -(-len(keys) // count)
-        batches = [keys[start : start + size] for start in range(0, len(keys), size)]
+        count = min(slots, -(-len(entries) // per_rpc))
+        size = -(-len(entries) // count)
+        batches = [entries[start : start + size] for start in range(0, len(entries), size)]
+        if unit > 1:
+            batches = [_expand(batch) for batch in batches]
         stats = self.stats
         for batch in batches:
             stats.rpcs_total += 1
@@ -555,6 +653,7 @@ class CoordinatorCore:
         self.rpcs_in_flight -= 1
         options = self.options
         error, present = None, None
+        items = keys.items if isinstance(keys, Batch) else None
         if isinstance(outcome, BaseException):
             error = outcome
         elif len(outcome) != len(keys):
@@ -562,9 +661,14 @@ class CoordinatorCore:
         else:  # vLLM: only 1 is present. A present key is marked with until when that holds.
             mark = _PRESENT if options.cache_ttl is None else sent_at + options.cache_ttl
             try:
-                present = [mark if answer == 1 else 0.0 for answer in outcome]
+                present = present_keys(outcome, len(keys))
+                if items is not None:  # an item is present when every key of it is
+                    assert isinstance(keys, Batch)
+                    present = np.logical_and.reduceat(present, keys.starts)
             except Exception as exc:  # (answers that are not ints)
                 error = StoreError(f"store answered something other than ints: {exc!r}")
+        if items is not None:
+            keys = items  # (the key table's entries from here on)
         in_flight = self.table.in_flight
         if error is not None or present is None:
             code = error.code if isinstance(error, StoreError) else None
@@ -577,23 +681,129 @@ class CoordinatorCore:
                     self._settle_failed(subscribers, code, f"store RPC failed: {error}")
             return
         self.breaker.succeeded(now)
+        flags = present.tolist()
+        values = np.where(present, mark, 0.0)
         if options.cache_ttl is not None:  # before the fan-out: next rounds may read it
             self._cache.add(
-                tuple(itertools.compress(keys, present)),
-                sent_at + options.cache_ttl,
-                options.cache_max_keys,
+                tuple(itertools.compress(keys, flags)), mark, options.cache_max_keys
             )
-        pop = in_flight.pop
-        answer = self._answer
-        # Next rounds started by this fan-out take these answers too, wherever they are.
-        self.table.answering = dict(zip(keys, present))
+            # Next rounds started by this fan-out take these answers too, wherever they are
+            # (the present ones from the cache).
+            self.table.answering = dict.fromkeys(
+                itertools.compress(keys, map(operator.not_, flags)), 0.0
+            )
+        else:
+            self.table.answering = dict(zip(keys, values.tolist()))
+        pop: Callable[[bytes, None], Subscribers | None] = in_flight.pop
+        waiting_for = list(map(pop, keys, itertools.repeat(None)))
+        try:  # one subscriber each (the usual case): runs of a lookup's answers at once
+            owners = np.fromiter(waiting_for, np.int64, len(waiting_for))
+        except (TypeError, ValueError):  # shared keys (or none waiting): those one by one
+            owners = np.fromiter(
+                (sub if type(sub) is int else -1 for sub in waiting_for),
+                np.int64,
+                len(waiting_for),
+            )
         try:
-            for key, is_present in zip(keys, present):
-                subscribers = pop(key, None)
-                if subscribers is not None:
-                    answer(subscribers, is_present)
+            single = owners >= 0
+            if single.all():
+                self._answer_runs(owners, values, ())
+            else:
+                shared = [
+                    (sub, value)
+                    for sub, value, alone in zip(waiting_for, values.tolist(), single.tolist())
+                    if not alone and sub is not None
+                ]
+                self._answer_runs(owners[single], values[single], shared)
         finally:
             self.table.answering = {}
+
+    def _answer_runs(
+        self,
+        owners: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float64],
+        shared: Sequence[tuple[Subscribers, float]],
+    ) -> None:
+        """An RPC's answers: those with one subscriber each (``owners``) delivered a run of
+        one lookup's keys at a time, then the ``shared`` ones key by key; the lookups whose
+        round is then complete go on."""
+        if not owners.size:
+            for sub, value in shared:
+                self._answer(sub, value)
+            return
+        idents = owners >> POS_BITS
+        positions = owners & POS_MASK
+        starts = np.flatnonzero(np.concatenate(([True], idents[1:] != idents[:-1])))
+        cuts = starts.tolist()
+        ends = [*cuts[1:], len(owners)]
+        at, answers = positions.tolist(), values.tolist()  # (numpy costs per call: runs are
+        lookups = self.lookups  # often short, one lookup's share of a busy RPC)
+        ready = []
+        for ident, lo, hi in zip(idents[starts].tolist(), cuts, ends):
+            lookup = lookups.get(ident)
+            if lookup is None or lookup.done:
+                continue
+            present = lookup.round_present
+            if hi - lo >= _WIDE and not isinstance(present, list):
+                present[positions[lo:hi]] = values[lo:hi]
+            else:
+                for pos, value in zip(at[lo:hi], answers[lo:hi]):
+                    present[pos] = value
+            lookup.waiting -= hi - lo
+            if not lookup.waiting:
+                ready.append(lookup)
+        for sub, value in shared:  # (a lookup whose last answer is here goes on here)
+            self._answer(sub, value)
+        for lookup in ready:
+            if not lookup.done:
+                self._advance(lookup)
+
+
+class Batch(tuple[bytes, ...]):
+    """The keys of one RPC whose entries include items (several keys each): ``items`` are
+    those entries, ``starts`` where each one's keys begin."""
+
+    items: tuple[bytes, ...]
+    starts: npt.NDArray[np.intp]
+
+
+def _expand(entries: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """An RPC's keys from its key-table entries: items (see :func:`assemble_items`) become
+    their keys (a :class:`Batch`); plain keys stay."""
+    joined = b"".join(entries)
+    ends = np.cumsum(np.fromiter(map(len, entries), np.intp, len(entries)))
+    marks = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == ITEM_END[0])
+    counts = np.diff(np.searchsorted(marks, ends), prepend=0)  # keys per item, 0 per key
+    if not counts.any():
+        return entries
+    if counts.all():
+        keys = joined.split(ITEM_END)
+        keys.pop()  # (after the last item's last key)
+    else:
+        keys = []
+        for entry, count in zip(entries, counts.tolist()):
+            if count:
+                keys.extend(entry.split(ITEM_END)[:-1])
+            else:
+                keys.append(entry)
+    batch = Batch(keys)
+    batch.items = entries
+    sizes = np.maximum(counts, 1)
+    batch.starts = np.cumsum(sizes) - sizes
+    return batch
+
+
+def _entries(lookup: LookupState, indices: KeyIndices) -> list[bytes]:
+    """The key-table entries of a lookup's keys at ``indices`` (whole chunks): the keys, or
+    one item per chunk (see :attr:`LookupState.unit`)."""
+    if lookup.unit > 1:
+        return lookup.plan._items_at(indices)
+    return lookup.plan._keys_at(indices)
+
+
+def _ints(indices: range | IntArray) -> range | list[int]:
+    """Positions as Python ints (a range stays a range)."""
+    return indices if isinstance(indices, range) else indices.tolist()
 
 
 def _build_keys(plan: LookupPlan) -> None:

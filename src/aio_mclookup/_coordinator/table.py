@@ -11,11 +11,15 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Sequence
+from typing import cast
 
 __all__ = ["POS_BITS", "POS_MASK", "KeyTable", "Subscribers"]
 
 Subscribers = int | list[int]
 """Who waits for one key's answer: one subscriber, or a list of them (the key is shared)."""
+_MIN_SHARE = 32
+"""A round's share of a dispatch is at least this many keys (a small round goes out whole,
+in one step), or half of it when it takes fewer."""
 POS_BITS = 32
 POS_MASK = (1 << POS_BITS) - 1
 
@@ -26,8 +30,8 @@ class KeyTable:
     fan-out takes them, as if it had joined that RPC while in flight).
 
     Rounds that queued fresh keys wait in :attr:`rounds`, in arrival order; :meth:`take`
-    serves them in turn, a share each, so a huge round cannot hold back the small ones and
-    the work is linear in the keys taken."""
+    serves them in turn, a share each (at least :data:`_MIN_SHARE` keys), so a huge round
+    cannot hold back the small ones and the work is linear in the keys taken."""
 
     __slots__ = ("answering", "in_flight", "queued", "rounds")
 
@@ -56,23 +60,24 @@ class KeyTable:
         taken: list[bytes] = []
         in_flight = self.in_flight
         rounds = self.rounds
-        while rounds and len(taken) < limit:
-            share = max(1, (limit - len(taken)) // len(rounds))
+        room = limit
+        pop = queued.pop
+        share = max(1, limit // len(rounds), min(_MIN_SHARE, limit // 2)) if rounds else 0
+        while rounds and room > 0:
             entry = rounds.popleft()
             waiting: Sequence[bytes] = entry[0]  # type: ignore[assignment]
             pos: int = entry[1]  # type: ignore[assignment]
-            stop = len(waiting)
-            got = 0
-            while pos < stop and got < share:
-                key = waiting[pos]
-                pos += 1
-                subscribers = queued.pop(key, None)
-                if subscribers is not None:
-                    in_flight[key] = subscribers
-                    taken.append(key)
-                    got += 1
-            if pos < stop:
-                entry[1] = pos
+            stop = min(len(waiting), pos + min(share, room))
+            chunk = waiting[pos:stop]
+            subscribers = list(map(pop, chunk, itertools.repeat(None)))
+            if None in subscribers:  # (shared with an earlier round, or answered meanwhile)
+                chunk = [key for key, sub in zip(chunk, subscribers) if sub is not None]
+                subscribers = [sub for sub in subscribers if sub is not None]
+            in_flight.update(zip(chunk, cast("list[Subscribers]", subscribers)))
+            taken.extend(chunk)
+            room -= len(chunk)
+            if stop < len(waiting):
+                entry[1] = stop
                 rounds.append(entry)  # to the back: the others go first
         if len(taken) < limit and queued:  # (keys no round lists: never left behind)
             for key in list(itertools.islice(queued, limit - len(taken))):

@@ -77,14 +77,14 @@ class EraCPlan(LookupPlan):
             )
         return self._short
 
-    def key_span(self, probe: GroupProbe) -> range:
+    def _key_span(self, probe: GroupProbe) -> range:
         k = len(self.geometry.prefix_bytes[probe.group_id])
         return range(probe.key_offset, probe.key_offset + probe.chunks.size * k)
 
-    def keys_at(self, indices: KeyIndices) -> list[bytes]:
+    def _keys_at(self, indices: KeyIndices) -> list[bytes]:
         if len(self._groups) > 1 and self._keys is None and self.key_array() is None:
             self.keys  # noqa: B018 - builds the list (namespace counts differ by group)
-        return super().keys_at(indices)
+        return super()._keys_at(indices)
 
     def __repr__(self) -> str:
         return (
@@ -101,12 +101,12 @@ class EraCPlan(LookupPlan):
         means present). ``None`` means ``batch_is_exist`` raised: vLLM then returns 0."""
         if exists is None or not self.num_keys:
             return LookupResult(0)
-        return self.resolve_present_result(present_keys(exists, self.num_keys))
+        return self._resolve_present_result(present_keys(exists, self.num_keys))
 
-    def resolve_present(self, present: BoolArray) -> int:
-        return self.resolve_present_result(present).hit_length
+    def _resolve_present(self, present: BoolArray) -> int:
+        return self._resolve_present_result(present).hit_length
 
-    def resolve_present_result(self, present: BoolArray) -> LookupResult:
+    def _resolve_present_result(self, present: BoolArray) -> LookupResult:
         """:meth:`resolve_result` from one boolean per key."""
         if not self.num_keys:
             return LookupResult(0)

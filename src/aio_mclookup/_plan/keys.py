@@ -13,10 +13,17 @@ from .._arrays import IntArray, KeyIndices
 from .._layout.geometry import Geometry
 from .probe import GroupProbe, hex_rows
 
-__all__ = ["assemble", "assemble_range", "build_key_array", "ints", "one_key"]
+__all__ = [
+    "ITEM_END", "assemble", "assemble_items", "assemble_range", "build_key_array", "ints",
+    "one_key",
+]
 
 _FEW_KEYS = 48  # fewer keys than this are built by concatenation: faster than the array path
 _SPLIT_KEYS = 96  # likewise, where one split builds them (one namespace; see _concatenate)
+_FEW_ITEMS = 4  # fewer items than this are built by concatenation
+ITEM_END = b"\n"
+"""Ends every key of a chunk item (:func:`assemble_items`): a byte no key contains (layouts
+whose prefixes hold it make no items), and no key ends with (keys end in hex or ``@``)."""
 
 
 def build_key_array(
@@ -148,6 +155,39 @@ def concatenate(geometry: Geometry, probe: GroupProbe, local: range | IntArray) 
     return [
         prefixes[i % k] + text[j * w : (j + 1) * w] for j, i in enumerate(local.tolist())
     ]
+
+
+def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArray) -> list[bytes]:
+    """One *item* per chunk (probe indices, ascending): the chunk's keys in every rank
+    namespace, each followed by :data:`ITEM_END`, as one ``bytes``. The coordinator tracks
+    such a chunk as one entry instead of one per namespace. Needs ``prefix_rows`` and
+    ``hash_rows`` (keys of one width)."""
+    prefix_rows = geometry.prefix_rows[probe.group_id]
+    assert prefix_rows is not None and probe.hash_rows is not None
+    if len(chunks) < _FEW_ITEMS:  # (the usual round of a known prompt: its likely miss)
+        prefixes = geometry.prefix_bytes[probe.group_id]
+        rows = probe.hash_rows
+        few = []
+        for chunk in ints(chunks):
+            tail = rows[chunk].tobytes().hex().encode() + ITEM_END
+            few.append(b"".join([prefix + tail for prefix in prefixes]))
+        return few
+    k, plen = prefix_rows.shape
+    if isinstance(chunks, range):
+        encoded = probe.hex_if_encoded
+        if encoded is not None:
+            hexed = encoded[chunks.start : chunks.stop]
+        else:
+            hexed = hex_rows(probe.hash_rows[chunks.start : chunks.stop])
+    else:
+        hexed = probe.hex_at(chunks)
+    n, hlen = hexed.shape
+    width = plen + hlen + 1
+    buf = np.empty((n, k, width), dtype=np.uint8)
+    _glue(buf[..., : width - 1], prefix_rows, hexed[:, None, :])
+    buf[..., width - 1] = ITEM_END[0]
+    items: list[bytes] = buf.reshape(n, k * width).view(f"S{k * width}").ravel().tolist()
+    return items
 
 
 def ints(indices: KeyIndices) -> range | list[int]:

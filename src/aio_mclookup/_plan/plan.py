@@ -23,7 +23,7 @@ from .._resolve.hits import full_attention_prefix_hit
 from .._resolve.presence import resolve_present
 from .._resolve.result import LookupResult
 from .hashes import RequestHashes
-from .keys import assemble, assemble_range, build_key_array, one_key
+from .keys import ITEM_END, assemble, assemble_items, assemble_range, build_key_array, one_key
 from .probe import GroupProbe
 from .targets import probe_targets
 
@@ -76,7 +76,7 @@ class LookupPlan:
 
     def key_array(self) -> npt.NDArray[np.bytes_] | None:
         """Every key in one fixed-width ``bytes`` array, built once, or None when the keys
-        differ in width. :meth:`keys_at` then slices it: a caller that keeps a plan alive
+        differ in width. :meth:`_keys_at` then slices it: a caller that keeps a plan alive
         while it works (the coordinator) holds no Python object per key, which the garbage
         collector would otherwise walk through at every collection."""
         if not self._key_array_tried:
@@ -105,7 +105,7 @@ class LookupPlan:
             return False
         return any(p.shares_hashes for p in self._groups)
 
-    def key_span(self, probe: GroupProbe) -> range:
+    def _key_span(self, probe: GroupProbe) -> range:
         """Every key index of one group."""
         k = len(self.geometry.namespaces)
         return range(probe.key_offset, probe.key_offset + probe.chunks.size * k)
@@ -123,7 +123,7 @@ class LookupPlan:
     def __repr__(self) -> str:
         return f"<LookupPlan token_len={self.token_len} keys={self.num_keys}>"
 
-    def keys_at(self, indices: KeyIndices) -> list[bytes]:
+    def _keys_at(self, indices: KeyIndices) -> list[bytes]:
         """The keys at ascending key indices (without assembling the others)."""
         if self._keys is not None:
             if isinstance(indices, range):
@@ -159,11 +159,37 @@ class LookupPlan:
                 out.extend(assemble(self.geometry, probe, indices[lo:hi] - probe.key_offset))
         return out
 
+    @property
+    def _chunk_keys(self) -> int:
+        """Keys per chunk when the coordinator may track this plan's chunks as *items* (one
+        ``bytes`` per chunk: :meth:`_items_at`), else 1: one group, several rank namespaces,
+        keys of one width."""
+        if len(self._groups) != 1:
+            return 1
+        probe = self._groups[0]
+        prefixes = self.geometry.prefix_bytes[probe.group_id]
+        if (
+            len(prefixes) < 2
+            or probe.hash_rows is None
+            or self.geometry.prefix_rows[probe.group_id] is None
+            or any(ITEM_END in prefix for prefix in prefixes)
+        ):
+            return 1
+        return len(prefixes)
 
-
-
-
-
+    def _items_at(self, indices: KeyIndices) -> list[bytes]:
+        """The items (see :func:`assemble_items`) of the chunks that ascending key indices
+        cover whole, in a plan whose :attr:`_chunk_keys` is above 1."""
+        probe = self._groups[0]
+        k = len(self.geometry.prefix_bytes[probe.group_id])
+        offset = probe.key_offset
+        if isinstance(indices, range):
+            chunks: range | IntArray = range(
+                (indices.start - offset) // k, (indices.stop - offset) // k
+            )
+        else:
+            chunks = (indices[::k] - offset) // k
+        return assemble_items(self.geometry, probe, chunks)
 
     def resolve_result(self, exists: Sequence[int] | npt.NDArray[Any] | None) -> LookupResult:
         """vLLM's lookup result from the store's per-key answers (``None``: ``batch_is_exist``
@@ -173,9 +199,9 @@ class LookupPlan:
             return LookupResult(0)
         return LookupResult(self.resolve(exists))
 
-    def resolve_present_result(self, present: BoolArray) -> LookupResult:
+    def _resolve_present_result(self, present: BoolArray) -> LookupResult:
         """:meth:`resolve_result` from one boolean per key."""
-        return LookupResult(self.resolve_present(present))
+        return LookupResult(self._resolve_present(present))
 
     def result_for_hit(self, hit: int) -> LookupResult:
         """The result of a settled probe whose hit is ``hit`` (0.26: the hit alone)."""
@@ -192,7 +218,7 @@ class LookupPlan:
             hit = self._resolve_prefix(exists)
             if hit is not None:
                 return hit
-        return self.resolve_present(self.present_keys(exists))
+        return self._resolve_present(self.present_keys(exists))
 
     @property
     def single_full_attention(self) -> bool:
@@ -207,13 +233,11 @@ class LookupPlan:
         return full_attention_prefix_hit(chunks, block, block, sg.drop_eagle)
 
 
-
-
     def present_keys(self, exists: Sequence[int] | npt.NDArray[Any]) -> BoolArray:
         """vLLM's rule per key: only the value ``1`` means present."""
         return present_keys(exists, self.num_keys)
 
-    def resolve_present(self, present: BoolArray) -> int:
+    def _resolve_present(self, present: BoolArray) -> int:
         """:meth:`resolve` from one boolean per key."""
         if not self.num_keys:
             return 0

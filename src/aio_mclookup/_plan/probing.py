@@ -4,8 +4,10 @@ far (:class:`ProbeState`, pure: no I/O, no clock)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .._arrays import EMPTY, BoolArray, IntArray, KeyIndices
 from .._resolve.answers import first_false
@@ -87,9 +89,15 @@ class ProbeState:
         answered, present = self._flat
         if not answered.all():
             return False
-        self._result = self.plan.resolve_present_result(present)
+        self._result = self.plan._resolve_present_result(present)
         self.hit = self._result.hit_length
         return True
+
+    @property
+    def all_at_once(self) -> bool:
+        """Every key goes in the first round (rounds off, or
+        :attr:`LookupPlan.probe_in_one_round`)."""
+        return self._all_at_once
 
     @property
     def known_prefix(self) -> int | None:
@@ -185,7 +193,9 @@ class ProbeState:
         self._scouted_run = len(chunks)
         return self._scouted
 
-    def record(self, key_indices: KeyIndices, present: Sequence[object] | BoolArray) -> None:
+    def record(
+        self, key_indices: KeyIndices, present: Sequence[object] | npt.NDArray[Any]
+    ) -> None:
         """Record answers (truthy = present) for ascending key indices that cover whole chunks
         (all namespaces), e.g. from :meth:`next_keys`."""
         count = len(key_indices)
@@ -204,7 +214,7 @@ class ProbeState:
             return
         k = len(self.plan.geometry.namespaces)
         if self.rounds == 1 and count == self.plan.num_keys:  # every key at once
-            self.hit = self.plan.resolve_present(np.asarray(present, dtype=bool))
+            self.hit = self.plan._resolve_present(np.asarray(present, dtype=bool))
             if self._prefix is not None:  # (a repeated hash may count more: vLLM's hit does)
                 miss = first_false(present)
                 self._prefix = (count if miss is None else miss) // k
