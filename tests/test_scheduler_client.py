@@ -177,6 +177,28 @@ def test_non_blocking_lookups_of_a_step_start_together(
         client.close()
 
 
+def test_an_idle_step_waits_for_an_answer_but_not_beyond_its_bound(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        started = time.monotonic()
+        client.wait_for_answers(5.0)  # nothing pending: at once
+        assert time.monotonic() - started < 1.0
+        store.delay = 0.3
+        assert client.lookup("slow", 8 * H, hashes, non_block=True) is None
+        client.flush()
+        started = time.monotonic()
+        client.wait_for_answers(0.05)  # pending, not answered within the bound
+        assert 0.04 < time.monotonic() - started < 0.25
+        client.wait_for_answers(5.0)  # returns when the answer is in, long before 5 s
+        assert time.monotonic() - started < 2.0
+        assert client.lookup("slow", 8 * H, hashes, non_block=True) == (5 * H, ((0, 5 * H),))
+    finally:
+        client.close()
+
+
 def test_a_second_poll_starts_an_unflushed_lookup(stored: tuple[FakeStore, list[bytes]]) -> None:
     store, hashes = stored
     client = _client(store)

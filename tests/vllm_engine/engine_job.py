@@ -112,6 +112,7 @@ def main() -> None:
             "submitted": connector.submitted,
             "steps": connector.steps,
             "steps_to_last_answer": connector.last_answer_step + 1,
+            "seconds_to_last_answer": max(0.0, connector.last_answer_at - started),
             "wall_seconds": wall,
         }
         if client is not None and before is not None:

@@ -25,6 +25,7 @@ def recording(base: type) -> type:
             self.lookup_calls = 0
             self.steps = 0
             self.last_answer_step = 0
+            self.last_answer_at = 0.0
             scheduler = self.connector_scheduler
             if scheduler is None:
                 return
@@ -38,6 +39,7 @@ def recording(base: type) -> type:
                 out = inner(req_id, num_tokens, hashes, non_block)
                 if out is not None:
                     self.last_answer_step = self.steps
+                    self.last_answer_at = time.perf_counter()
                     bounds = tuple((b.group_id, b.num_tokens) for b in out.tail_key_boundaries)
                     self.results.append((req_id, num_tokens, out.hit_length, bounds))
                 return out

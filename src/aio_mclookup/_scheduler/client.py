@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,9 +43,12 @@ _Unsent = tuple["concurrent.futures.Future[LookupResult]", int, list[bytes]]
 
 
 def _settle(
-    future: concurrent.futures.Future[LookupResult], task: asyncio.Task[LookupResult]
+    future: concurrent.futures.Future[LookupResult],
+    answered: threading.Event,
+    task: asyncio.Task[LookupResult],
 ) -> None:
     """Copy a finished lookup task's outcome to the caller's future (on the loop thread)."""
+    answered.set()
     if future.done():
         return
     if task.cancelled():
@@ -106,6 +110,7 @@ class CoalescingLookupClient:
         self._close_store = close_store
         self._futures: dict[str, concurrent.futures.Future[LookupResult]] = {}
         self._unsent: list[_Unsent] = []
+        self._answered = threading.Event()  # set on the loop each time a lookup settles
         self._loop = LoopThread("aio-mclookup-vllm")
         self._closed = False
         try:
@@ -181,6 +186,16 @@ class CoalescingLookupClient:
         future = self._futures.get(req_id)
         return future is not None and not future.done()
 
+    def wait_for_answers(self, timeout: float) -> None:
+        """Block (the GIL released) until a pending lookup is answered, at most ``timeout``
+        seconds; at once if none is pending or one is answered already. For a scheduler step
+        that scheduled nothing: rather than spin through empty steps, polling, it lets the
+        loop thread work."""
+        self._answered.clear()
+        done = [f.done() for f in self._futures.values()]
+        if done and not any(done):  # (an answer not yet collected: the next step takes it)
+            self._answered.wait(timeout)
+
     def _direct(self, req_id: str, num_tokens: int, block_hashes: Sequence[bytes]) -> Any:
         """One blocking lookup in the calling thread: plan, ask (in chunks of the
         coordinator's ``max_keys_per_rpc``), resolve; a failure is logged and gives 0."""
@@ -213,7 +228,7 @@ class CoalescingLookupClient:
             if not future.set_running_or_notify_cancel():
                 continue  # discarded before it started
             task = asyncio.ensure_future(coordinator.lookup_result(num_tokens, hashes))
-            task.add_done_callback(functools.partial(_settle, future))
+            task.add_done_callback(functools.partial(_settle, future, self._answered))
             future.add_done_callback(functools.partial(_cancel_task, self._loop, task))
 
     def _vllm_result(self, result: LookupResult) -> Any:

@@ -28,6 +28,9 @@ logger = logging.getLogger("aio_mclookup.vllm")
 _OPEN_TIMEOUT = 30.0
 """Seconds the scheduler waits at start-up for its Mooncake client to set up."""
 
+_IDLE_WAIT = 0.005
+"""Seconds a scheduler step that scheduled nothing waits for a pending lookup's answer."""
+
 _warned: set[str] = set()
 
 
@@ -145,9 +148,13 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         """vLLM's, after starting the lookups this step submitted (together: they share
-        RPCs)."""
-        if self._coalescing is not None:
-            self._coalescing.flush()
+        RPCs). A step that scheduled nothing (everything waits on lookups) then waits up to
+        5 ms for an answer instead of returning to spin: the engine has nothing to run."""
+        client = self._coalescing
+        if client is not None:
+            client.flush()
+            if not scheduler_output.total_num_scheduled_tokens:
+                client.wait_for_answers(_IDLE_WAIT)
         return super().build_connector_meta(scheduler_output)
 
     def shutdown(self) -> None:
