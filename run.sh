@@ -72,7 +72,9 @@ case "$command" in
         .venv/bin/python benchmarks/bench_plan.py
         .venv/bin/python benchmarks/bench_coalesce.py
         .venv/bin/python benchmarks/bench_knobs.py
-        exec .venv/bin/python benchmarks/bench_loadgen.py ;;
+        .venv/bin/python benchmarks/bench_loadgen.py
+        ensure_vllm_env
+        exec .venv/bin/python benchmarks/bench_vllm.py ;;
     vllm-env)
         ensure_system_packages; ensure_venv; ensure_vllm_env
         echo "run.sh: vLLM environment ready: $VLLM_ENV (the tests find it there; AIO_MCLOOKUP_VLLM_ENV moves it)" >&2 ;;
