@@ -139,12 +139,16 @@ def prefix_answers(layout: KVLayout, token_len: int, hashes: Any) -> list[int]:
 
 def contenders(
     layout: KVLayout,
-    ref: BaselineLookup,
+    ref: BaselineLookup | BaselineLookupV033,
     token_len: int,
     hashes: list[bytes],
     rows: np.ndarray,
     answers: list[int],
 ) -> dict[str, Callable[[Callable[[], None]], Any]]:
+    """The reference loop and ours (list and array input), each timed in two phases: keys,
+    then resolve (vLLM 0.33's whole result where the reference is 0.33's)."""
+    whole_result = isinstance(ref, BaselineLookupV033)
+
     def reference(mark: Callable[[], None]) -> None:
         _keys, meta = ref.build_keys(token_len, hashes)
         mark()
@@ -156,7 +160,10 @@ def contenders(
             plan = layout.plan(token_len, block_hashes)
             plan.keys  # noqa: B018 - assembling the keys is part of the work
             mark()
-            plan.resolve(answers)
+            if whole_result:
+                plan.resolve_result(answers)
+            else:
+                plan.resolve(answers)
             mark()
 
         return call
@@ -184,33 +191,6 @@ def verify(
     if ref.resolve(token_len, hashes, meta, answers) != want:
         raise SystemExit("the reference hit is not token_len / 2")
     return {"keys": len(ref_keys), "hashes": len(hashes), "hit": want}
-
-
-def contenders_v033(
-    layout: KVLayout,
-    ref: BaselineLookupV033,
-    num_tokens: int,
-    hashes: list[bytes],
-    rows: np.ndarray,
-    answers: list[int],
-) -> dict[str, Callable[[Callable[[], None]], Any]]:
-    def reference(mark: Callable[[], None]) -> None:
-        _keys, meta = ref.build_keys(num_tokens, hashes)
-        mark()
-        ref.resolve(num_tokens, hashes, meta, answers)
-        mark()
-
-    def ours(block_hashes: Any) -> Callable[[Callable[[], None]], None]:
-        def call(mark: Callable[[], None]) -> None:
-            plan = layout.plan(num_tokens, block_hashes)
-            plan.keys  # noqa: B018 - assembling the keys is part of the work
-            mark()
-            plan.resolve_result(answers)
-            mark()
-
-        return call
-
-    return {"reference": reference, "ours_list": ours(hashes), "ours_array": ours(rows)}
 
 
 def verify_v033(
@@ -248,7 +228,7 @@ def worker(names: list[str], quick: bool, interleave: bool, vllm: str = "0.26") 
             ref33 = BaselineLookupV033(cfg)
             answers = prefix_answers(layout, num_tokens, hashes)
             facts = verify_v033(layout, ref33, num_tokens, hashes, rows, answers)
-            calls = contenders_v033(layout, ref33, num_tokens, hashes, rows, answers)
+            calls = contenders(layout, ref33, num_tokens, hashes, rows, answers)
         else:
             ref = BaselineLookup(cfg)
             answers = prefix_answers(layout, token_len, hashes)
