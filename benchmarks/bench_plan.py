@@ -329,18 +329,29 @@ def report(
         "| workload | phase | reference | ours, list[bytes] | x | ours, 2-D uint8 | x |",
         "|---|---|---|---|---|---|---|",
     ]
+    lines += _phase_rows(names, per_process, ratio)
+    return "\n".join(lines)
+
+
+def _phase_rows(
+    names: list[str],
+    per_process: Callable[[str, str, str], list[float]],
+    ratio: Callable[..., float],
+) -> list[str]:
+    """The per-phase table's rows (keys, resolve) of every workload."""
+    rows = []
     for name in names:
         for phase in ("keys", "resolve"):
             cells = {
                 who: statistics.median(per_process(name, who, phase)) for who in CONTENDERS
             }
-            lines.append(
+            rows.append(
                 f"| {name} | {phase} | {_timing.fmt_ms(cells['reference'])} "
                 f"| {_timing.fmt_ms(cells['ours_list'])} | {ratio(name, 'ours_list', phase):.1f} "
                 f"| {_timing.fmt_ms(cells['ours_array'])} "
                 f"| {ratio(name, 'ours_array', phase):.1f} |"
             )
-    return "\n".join(lines)
+    return rows
 
 
 def report_v033(
@@ -391,17 +402,7 @@ def report_v033(
         "| workload | phase | reference | ours, list[bytes] | x | ours, 2-D uint8 | x |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        for phase in ("keys", "resolve"):
-            cells = {
-                who: statistics.median(per_process(name, who, phase)) for who in CONTENDERS
-            }
-            lines.append(
-                f"| {name} | {phase} | {_timing.fmt_ms(cells['reference'])} "
-                f"| {_timing.fmt_ms(cells['ours_list'])} | {ratio(name, 'ours_list', phase):.1f} "
-                f"| {_timing.fmt_ms(cells['ours_array'])} "
-                f"| {ratio(name, 'ours_array', phase):.1f} |"
-            )
+    lines += _phase_rows(names, per_process, ratio)
     return "\n".join(lines)
 
 
