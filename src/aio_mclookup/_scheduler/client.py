@@ -236,7 +236,7 @@ class CoalescingLookupClient:
         return self._make_result(result.hit_length, bounds)
 
     def _wait_limit(self) -> float | None:
-        timeout = self._coordinator.options.timeout
+        timeout = self._options.timeout
         return None if timeout is None else timeout + _MARGIN
 
     def discard(self, req_id: str) -> None:

@@ -40,10 +40,6 @@ class LoopThread:
         finally:
             self._loop.close()
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         """Schedule ``coro`` on the loop (thread-safe)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop)

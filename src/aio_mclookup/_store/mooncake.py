@@ -12,7 +12,7 @@ from typing import Any
 
 from .._errors import InvalidRequest, LookupTimeout, StoreError
 from .codes import raise_if_failed_rpc
-from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error
+from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error, raise_as_error
 
 __all__ = ["MooncakeStore"]
 
@@ -126,10 +126,7 @@ class MooncakeStore(ClientPool):
         except concurrent.futures.TimeoutError as exc:
             raise LookupTimeout(f"batch_is_exist took more than {timeout} s") from exc
         except Exception as exc:
-            error = as_error(exc)
-            if error is exc:
-                raise
-            raise error from exc
+            raise_as_error(exc)
 
     def batch_is_exist_then(
         self, keys: Sequence[str | bytes], then: Callable[[list[int] | BaseException], None]

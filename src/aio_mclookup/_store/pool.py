@@ -23,7 +23,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from .._checks import positive_int
@@ -371,10 +371,7 @@ class ClientPool:
         try:
             return await asyncio.wrap_future(cf)
         except Exception as exc:
-            error = as_error(exc)
-            if error is exc:
-                raise
-            raise error from exc
+            raise_as_error(exc)
 
     def _client_or_closed(self) -> Any:
         with self._cond:
@@ -411,6 +408,14 @@ class ClientPool:
         finally:
             with self._cond:
                 self._state = _CLOSED
+
+
+def raise_as_error(exc: Exception) -> NoReturn:
+    """Raise a client call's exception as this library's (:func:`as_error`), chained."""
+    error = as_error(exc)
+    if error is exc:
+        raise exc
+    raise error from exc
 
 
 def as_error(exc: BaseException) -> BaseException:

@@ -77,8 +77,7 @@ def build_client(
         await store.open()
         return store
 
-    async def close_store(store: Store) -> None:
-        assert isinstance(store, MooncakeStore)
+    async def close_store(_opened: Store) -> None:
         await store.aclose()
 
     return CoalescingLookupClient(
