@@ -22,6 +22,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException
 
 from aio_mclookup import FakeStore
 from aio_mclookup.fastapi import OCTET_STREAM, create_app
+from aio_mclookup.fastapi._decode import _DRAIN_BYTES
 from test_fastapi import (
     LAYOUT,
     body,
@@ -188,34 +189,75 @@ async def test_the_default_body_limit_follows_the_hash_limit(
                 assert r.status_code == 422  # whitespace only: not JSON, but read and parsed
 
 
-async def test_a_streamed_body_is_refused_as_soon_as_it_passes_the_limit() -> None:
-    pulled = 0
-    chunk = b'"ab",' * 13_000  # 65,000 bytes
+class CountedBody:
+    """A request body of ``size`` bytes in ``chunk``-byte pieces that counts what the server
+    pulled; with ``declared``, sent with a Content-Length, else chunked."""
 
-    async def endless() -> AsyncIterator[bytes]:  # no Content-Length; 20 MB if read to the end
-        nonlocal pulled
-        yield b'{"token_len": 32, "block_hashes": ['
-        for _ in range(300):
-            pulled += len(chunk)
-            yield chunk
-        yield b'"ab"]}'
+    def __init__(self, size: int, chunk: int = 65_000) -> None:
+        self.size, self.chunk, self.pulled = size, chunk, 0
 
-    store = FakeStore()
-    async with serve_raw(fake_app(store)) as client:
-        started = time.monotonic()
-        r = await client.post("/v1/lookup", content=endless(), headers=JSON)
-        elapsed = time.monotonic() - started
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        left = self.size
+        while left:
+            piece = min(left, self.chunk)
+            left -= piece
+            self.pulled += piece
+            yield b" " * piece
+
+    async def post(
+        self, client: httpx.AsyncClient, declared: bool, **headers: str
+    ) -> httpx.Response:
+        if declared:
+            headers["content-length"] = str(self.size)
+        return await client.post("/v1/lookup", content=self, headers={**JSON, **headers})
+
+
+BOTH_PATHS = pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "routes"])
+DECLARED = pytest.mark.parametrize("declared", [True, False], ids=["declared", "chunked"])
+
+
+def assert_too_large(r: httpx.Response) -> None:
     assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+    assert r.json()["field"] == "body" and len(r.content) < SMALL
     assert r.headers["connection"] == "close"
-    assert pulled <= (5 << 20) + 2 * len(chunk), pulled
+
+
+@BOTH_PATHS
+@DECLARED
+async def test_a_body_a_little_over_the_limit_is_read_to_its_end_before_the_413(
+    fast_path: bool, declared: bool
+) -> None:
+    """Closing on unread bytes resets the connection, which can destroy the 413 on its way to
+    a client still sending; the body is read (and dropped) so the reply arrives."""
+    store = FakeStore()
+    sent = CountedBody((5 << 20) + 300_000)
+    async with serve_raw(fake_app(store, fast_path=fast_path)) as client:
+        assert_too_large(await sent.post(client, declared))
+    assert sent.pulled == sent.size and store.calls == []
+
+
+@BOTH_PATHS
+@DECLARED
+async def test_a_body_far_over_the_limit_is_refused_without_reading_on(
+    fast_path: bool, declared: bool
+) -> None:
+    store = FakeStore()
+    sent = CountedBody(20 << 20)  # 20 MB, against the default 5 MiB limit
+    async with serve_raw(fake_app(store, fast_path=fast_path)) as client:
+        started = time.monotonic()
+        assert_too_large(await sent.post(client, declared))
+        elapsed = time.monotonic() - started
+    cap = (5 << 20) + _DRAIN_BYTES  # the limit, then at most this much more
+    assert sent.pulled <= (0 if declared else cap + sent.chunk), sent.pulled
     assert elapsed < 3.0 and store.calls == []
 
 
-async def test_a_declared_oversized_body_is_refused_unread() -> None:
-    async with serve_raw(fake_app(FakeStore())) as client:
-        r = await client.post("/v1/lookup", content=b"{" + b" " * (6 << 20) + b"}", headers=JSON)
-    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
-    assert r.json()["field"] == "body" and len(r.content) < SMALL
+@BOTH_PATHS
+async def test_a_client_waiting_for_100_continue_is_refused_at_once(fast_path: bool) -> None:
+    sent = CountedBody((5 << 20) + 1)
+    async with serve_raw(fake_app(FakeStore(), fast_path=fast_path)) as client:
+        assert_too_large(await sent.post(client, True, expect="100-continue"))
+    assert sent.pulled == 0
 
 
 @pytest.mark.integration

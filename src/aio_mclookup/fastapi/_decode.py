@@ -7,7 +7,7 @@ import base64
 import binascii
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, NoReturn
 
 import numpy as np
@@ -344,20 +344,51 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) as soon as it passes ``limit`` bytes: by its Content-Length, or
-    while it streams in."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+_DRAIN_BYTES = 1 << 20
+"""How far past the limit an oversize body is still read (and dropped) before the 413, so
+that the reply reaches a client still sending: closing on unread bytes resets the connection
+and can destroy the reply in flight. Longer bodies are refused unread."""
+
+
+async def _read_capped(
+    chunks: AsyncIterator[bytes], declared: str | None, expects_continue: bool, limit: int
+) -> bytes:
+    """The body from ``chunks``, at most ``limit`` bytes, else 413 ``payload_too_large``.
+
+    An oversize body is read to its end and dropped when it ends within :data:`_DRAIN_BYTES`
+    past the limit; a longer one (by its Content-Length, or while it streams in) and one whose
+    client waits for ``100 Continue`` are refused without reading further."""
+    drain_to = limit + _DRAIN_BYTES
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= drain_to and not expects_continue:
+            await _drain(chunks, 0, drain_to)
         raise _too_large(limit)
-    chunks: list[bytes] = []
+    parts: list[bytes] = []
     seen = 0
-    async for chunk in request.stream():
+    async for chunk in chunks:
         seen += len(chunk)
         if seen > limit:
+            await _drain(chunks, seen, drain_to)
             raise _too_large(limit)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _drain(chunks: AsyncIterator[bytes], seen: int, drain_to: int) -> None:
+    """Read and drop the rest of ``chunks`` while no more than ``drain_to`` bytes are seen."""
+    async for chunk in chunks:
+        seen += len(chunk)
+        if seen > drain_to:
+            return
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body of a route's request, by :func:`_read_capped`."""
+    headers = request.headers
+    expects_continue = headers.get("expect", "").lower() == "100-continue"
+    return await _read_capped(
+        request.stream(), headers.get("content-length"), expects_continue, limit
+    )
 
 
 def _parse_json(body: bytes) -> Any:

@@ -73,7 +73,7 @@ def _too_large(limit: int) -> ApiError:
         "payload_too_large",
         f"the body is larger than {limit} bytes",
         field="body",
-        headers={"Connection": "close"},  # do not read the rest of it
+        headers={"Connection": "close"},  # a refused body is not read to its end
     )
 
 

@@ -4,8 +4,9 @@ stack when nothing else (dependencies, overrides, other middleware) would run fo
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter
@@ -16,8 +17,8 @@ from .. import (
     LookupCoordinator,
 )
 from .._errors import InvalidRequest
-from ._decode import _coordinator_of, _media_type
-from ._errors import ApiError, _too_large
+from ._decode import _coordinator_of, _media_type, _read_capped
+from ._errors import ApiError
 
 _Core = Callable[[bytes, str, LookupCoordinator, Scope], Coroutine[Any, Any, tuple[bytes, str]]]
 """How the fast path answers one lookup route: body, content type, coordinator, scope ->
@@ -50,23 +51,22 @@ class _Disconnected(Exception):
 
 async def _receive_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """:func:`_read_body` on the raw ASGI interface."""
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise _too_large(limit)
-    chunks: list[bytes] = []
-    seen = 0
-    while True:
-        message: Message = await receive()
-        if message["type"] != "http.request":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            seen += len(chunk)
-            if seen > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        while True:
+            message: Message = await receive()
+            if message["type"] != "http.request":
+                raise _Disconnected
+            yield message.get("body", b"")
+            if not message.get("more_body", False):
+                return
+
+    expect = _header(scope, b"expect")
+    expects_continue = expect is not None and expect.lower() == "100-continue"
+    async with contextlib.aclosing(chunks()) as stream:
+        return await _read_capped(
+            stream, _header(scope, b"content-length"), expects_continue, limit
+        )
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

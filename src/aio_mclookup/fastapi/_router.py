@@ -187,8 +187,6 @@ def _route_class(counts: collections.Counter[tuple[str, int]]) -> type[APIRoute]
     return CountedRoute
 
 
-
-
 async def _answer(coordinator: LookupCoordinator, item: _Item, kwargs: Mapping[str, Any]) -> int:
     """``token_len``: the plain lookup; ``num_tokens``: vLLM's scheduler view of it."""
     if item.token_len is not None:
