@@ -1,9 +1,9 @@
-"""The synchronous scheduler's coalescing client (``_scheduler``): vLLM's LookupKeyClient
-contract over the in-process FakeStore, and over a real master that dies."""
+"""The synchronous scheduler's coalescing client (``_scheduler.client``): vLLM's
+LookupKeyClient contract, its service on a thread over the in-process FakeStore (the sidecar
+process against a real master: test_scheduler_sidecar)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -21,10 +21,9 @@ from aio_mclookup import (
     FullAttention,
     InvalidRequest,
     KVLayout,
-    LocalMaster,
-    MooncakeStore,
     StoreError,
 )
+from aio_mclookup._scheduler.channels import ThreadChannel
 from aio_mclookup._scheduler.client import PLUGIN_DEFAULTS, CoalescingLookupClient
 from aio_mclookup._scheduler.config import store_settings
 
@@ -69,14 +68,13 @@ def _client(
             resets.append(1)
         return True
 
+    opts = CoordinatorOptions(**{**PLUGIN_DEFAULTS, **options})
     return CoalescingLookupClient(
         _layout(),
-        open_store,
-        close_store,
+        lambda: ThreadChannel(_layout(), open_store, close_store, opts, 10.0),
         make_result=_result,
         reset_store=reset_store,
-        options=CoordinatorOptions(**{**PLUGIN_DEFAULTS, **options}),
-        open_timeout=10.0,
+        options=opts,
         exist_blocking=_blocking(store) if direct else None,
     )
 
@@ -331,65 +329,3 @@ def test_store_settings_read_the_workers_config(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest) as info:
         store_settings({"MOONCAKE_CONFIG_PATH": str(path)})
     assert info.value.field == "master_server_address"
-
-
-def test_a_dead_master_never_blocks_beyond_the_timeout() -> None:
-    """A real master, killed: the blocking lookup returns a hit of 0 within its timeout."""
-    pytest.importorskip("mooncake.store")
-    master = LocalMaster(startup_timeout=30.0)
-    master.start_blocking()
-    store = MooncakeStore(master.master_address, master.metadata_server, rpc_timeout=1.0)
-    try:
-
-        async def open_store() -> Any:
-            await store.open()
-            return store
-
-        async def close_store(s: Any) -> None:
-            await s.aclose()
-
-        client = CoalescingLookupClient(
-            _layout(),
-            open_store,
-            close_store,
-            make_result=_result,
-            reset_store=lambda: True,
-            options=CoordinatorOptions(**{**PLUGIN_DEFAULTS, "timeout": 2.0}),
-            open_timeout=30.0,
-        )
-        try:
-            hashes = _hashes(b"d", 4)
-            assert client.lookup("alive", 4 * H, hashes) == (0, ())
-            asyncio.run(master.kill())
-            started = time.monotonic()
-            assert client.lookup("dead", 4 * H, hashes) == (0, ())
-            assert time.monotonic() - started < 2.0 + 1.0 + 0.5  # timeout + the client's margin
-        finally:
-            client.close()
-        assert _client_threads() == []
-    finally:
-        master.stop_blocking()
-
-
-def test_an_unreachable_master_fails_at_start() -> None:
-    pytest.importorskip("mooncake.store")
-    store = MooncakeStore("127.0.0.1:9", "http://127.0.0.1:9/metadata", setup_timeout=5.0)
-
-    async def open_store() -> Any:
-        await store.open()
-        return store
-
-    async def close_store(s: Any) -> None:
-        await s.aclose()
-
-    with pytest.raises(StoreError):
-        CoalescingLookupClient(
-            _layout(),
-            open_store,
-            close_store,
-            make_result=_result,
-            reset_store=lambda: True,
-            options=CoordinatorOptions(**PLUGIN_DEFAULTS),
-            open_timeout=30.0,
-        )
-    assert _client_threads() == []

@@ -173,5 +173,7 @@ def test_async_mode_coalesces(runs: dict[str, Any]) -> None:
     assert phase["rpcs"] < phase["submitted"]
 
 
-def test_shutdown_leaves_no_thread(runs: dict[str, Any]) -> None:
+def test_shutdown_leaves_no_thread_or_process(runs: dict[str, Any]) -> None:
     assert runs["recording_ours"]["threads"] == []
+    assert runs["recording_ours"]["sidecars_started"] == 1  # (the async phase started it)
+    assert runs["recording_ours"]["sidecars_left"] == []

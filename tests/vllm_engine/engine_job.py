@@ -43,6 +43,24 @@ def _wait_for_saves(llm: Any, connector: Any) -> None:
     raise RuntimeError("saves still pending after 20 s")
 
 
+def _sidecars() -> list[int]:
+    """The live child processes of this one that are aio-mclookup sidecars."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                parent = int(file.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                command = file.read()
+        except OSError:
+            continue
+        if parent == os.getpid() and b"aio_mclookup._scheduler.sidecar" in command:
+            out.append(int(entry))
+    return out
+
+
 def main() -> None:
     job = json.loads(sys.stdin.read())
     import recording
@@ -63,7 +81,10 @@ def main() -> None:
             "kv_connector": "MooncakeStoreConnector",
             "kv_connector_module_path": job["module"],
             "kv_role": job["kv_role"],
-            "kv_connector_extra_config": {"lookup_async": False, **job.get("extra", {})},
+            "kv_connector_extra_config": {
+                "lookup_async": bool(job["phases"][0]["lookup_async"]),  # (each phase sets it)
+                **job.get("extra", {}),
+            },
         },
     )
     connector = recording.SCHEDULERS[-1]
@@ -79,6 +100,7 @@ def main() -> None:
         connector.results.clear()
         connector.lookup_seconds, connector.lookup_calls, connector.steps = 0.0, 0, 0
         connector.meta_seconds = 0.0
+        connector.idle_seconds = connector.lookup_cpu_seconds = 0.0
         connector.submitted = 0
         connector.last_answer_step = 0
         prompts = [
@@ -108,6 +130,8 @@ def main() -> None:
             "outputs": [list(o.outputs[0].token_ids) for o in outputs],
             "lookup_seconds": connector.lookup_seconds,
             "lookup_calls": connector.lookup_calls,
+            "idle_seconds": connector.idle_seconds,
+            "lookup_cpu_seconds": connector.lookup_cpu_seconds,
             "meta_seconds": connector.meta_seconds,
             "submitted": connector.submitted,
             "steps": connector.steps,
@@ -122,12 +146,15 @@ def main() -> None:
         report["phases"].append(entry)
     if job["kv_role"] == "kv_both":
         _wait_for_saves(llm, connector)
+    sidecars = len(_sidecars())
     llm.llm_engine.engine_core.shutdown()  # vLLM's own shutdown: scheduler, then its connector
     import threading
 
     report["threads"] = sorted(
         t.name for t in threading.enumerate() if t.name.startswith("aio-mclookup")
     )
+    report["sidecars_started"] = sidecars
+    report["sidecars_left"] = _sidecars()
     print("RESULT " + json.dumps(report), flush=True)
     os._exit(0)  # (vLLM's engine teardown in-process is slow and not under test here)
 

@@ -136,7 +136,9 @@ def engine_site(python: Path, segment_size: int = 512 << 20) -> Iterator[EngineS
                 "VLLM_RPC_BASE_PATH": str(workdir),
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_CPU_KVCACHE_SPACE": "1",
-                "PYTHONPATH": str(HERE),
+                # this folder's job modules, and this checkout's aio_mclookup: the environment
+                # is shared by every checkout, so its own install may point at another one
+                "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1] / "src")]),
             }
             yield EngineSite(python, master, workdir, model_dir, env)
         finally:

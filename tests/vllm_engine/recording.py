@@ -1,9 +1,10 @@
 """Recording subclasses of a store connector (run inside the vLLM environment).
 
 ``recording(cls)`` returns a subclass named ``MooncakeStoreConnector`` that, in the scheduler
-role, records every lookup result its client returns, the time the scheduler spends in
-``get_num_new_matched_tokens`` and in ``build_connector_meta`` (where aio-mclookup's connector
-starts the step's lookups), and the scheduler steps (``build_connector_meta`` calls).
+role, records every lookup result its client returns, the time (and the thread's CPU time) the
+scheduler spends in ``get_num_new_matched_tokens``, the time in ``build_connector_meta`` (where
+aio-mclookup's connector sends the step's lookups) and, of it, the idle waits for an answer,
+and the scheduler steps (``build_connector_meta`` calls).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def recording(base: type) -> type:
             self.lookup_seconds = 0.0
             self.meta_seconds = 0.0
             self.lookup_calls = 0
+            self.idle_seconds = 0.0  # of meta_seconds: waiting, idle, for an answer
+            self.lookup_cpu_seconds = 0.0  # the scheduler thread's CPU time in the lookups
             self.steps = 0
             self.last_answer_step = 0
             self.last_answer_at = 0.0
@@ -34,7 +37,8 @@ def recording(base: type) -> type:
             self.submitted = 0
 
             def lookup(req_id: str, num_tokens: int, hashes: Any, non_block: bool = False) -> Any:
-                first = req_id not in getattr(client, "futures", getattr(client, "_futures", {}))
+                # (vLLM's client keeps its pending lookups in ``futures``, ours in ``_tickets``)
+                first = req_id not in getattr(client, "futures", getattr(client, "_tickets", {}))
                 self.submitted += first
                 out = inner(req_id, num_tokens, hashes, non_block)
                 if out is not None:
@@ -45,13 +49,25 @@ def recording(base: type) -> type:
                 return out
 
             client.lookup = lookup
+            waiter = getattr(client, "wait_for_answers", None)
+            if waiter is not None:  # ours: a step that scheduled nothing waits, idle
+
+                def wait_for_answers(timeout: float) -> None:
+                    start = time.perf_counter()
+                    try:
+                        waiter(timeout)
+                    finally:
+                        self.idle_seconds += time.perf_counter() - start
+
+                client.wait_for_answers = wait_for_answers
             SCHEDULERS.append(self)
 
         def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return super().get_num_new_matched_tokens(request, num_computed_tokens)
             finally:
+                self.lookup_cpu_seconds += time.thread_time() - cpu
                 self.lookup_seconds += time.perf_counter() - start
                 self.lookup_calls += 1
 

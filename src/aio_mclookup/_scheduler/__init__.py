@@ -1,3 +1,6 @@
-"""A synchronous scheduler's lookup client (vLLM's ``LookupKeyClient`` contract): an event loop
-on a thread of its own (``loop``), the coalescing client on it (``client``), and where its
-Mooncake client connects (``config``). No vLLM import here; ``aio_mclookup.vllm`` plugs it in."""
+"""A synchronous scheduler's lookup client (vLLM's ``LookupKeyClient`` contract), no vLLM
+import here (``aio_mclookup.vllm`` plugs it in). The data flow: ``client`` (the contract, a
+step's lookups sent together) -> ``channels`` (a sidecar process, or a thread in-process) ->
+``messages`` (what is said, framed) -> ``service`` (one coordinator answering them), run in
+``sidecar`` (the child process) or on a ``loop`` thread; ``config`` says where the Mooncake
+clients connect."""

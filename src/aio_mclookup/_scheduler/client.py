@@ -1,24 +1,22 @@
-"""The scheduler's lookup client, coalescing: vLLM's ``LookupKeyClient`` contract on top of a
-:class:`~aio_mclookup.LookupCoordinator` that runs on an event-loop thread of its own."""
+"""The scheduler's lookup client, coalescing: vLLM's ``LookupKeyClient`` contract, answered
+by a lookup service (a :class:`~aio_mclookup.LookupCoordinator`) behind a channel: a sidecar
+process in vLLM, a thread over an in-process store in the unit tests."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import functools
+import contextlib
 import logging
-import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .._coordinator.options import CoordinatorOptions
-from .._coordinator.shell import LookupCoordinator
 from .._errors import InvalidRequest
 from .._layout.layout import KVLayout
 from .._observe.stats import CoordinatorStats
 from .._resolve.result import LookupResult
-from .._store.protocol import Store
-from .loop import LoopThread
+from .channels import Channel, ChannelClosed
+from .messages import Answers, Reply, Reset, ResetDone, Stats, StatsRequest, Submit
 
 __all__ = ["CoalescingLookupClient", "PLUGIN_DEFAULTS"]
 
@@ -31,94 +29,90 @@ positive-answer cache, so every answer is the store's at probe time, as vLLM's w
 it. ``kv_connector_extra_config["aio_mclookup"]`` overrides either."""
 
 _CLOSE_TIMEOUT = 10.0
-"""Seconds :meth:`CoalescingLookupClient.close` waits for the store's close and the thread."""
+"""Seconds :meth:`CoalescingLookupClient.close`, ``reset`` and ``stats`` wait for the
+service."""
 
 _MARGIN = 1.0
 """Seconds a blocking :meth:`~CoalescingLookupClient.lookup` waits beyond the lookup's own
-timeout before it gives up on the loop thread itself."""
+timeout before it gives up on the service itself."""
+
+_R = TypeVar("_R", bound=Reply)
 
 
-_Unsent = tuple["concurrent.futures.Future[LookupResult]", int, list[bytes]]
-"""A lookup submitted in this scheduler step, not started yet: its future, n, hashes."""
+_Unsent = tuple[int, int, bytes | list[bytes], int]
+"""A lookup submitted in this scheduler step, not sent yet: ticket, n, hashes, width."""
+
+_Outcome = tuple[int, tuple[tuple[int, int], ...]] | str
+"""A finished lookup: its hit and tail-key boundaries, or what went wrong."""
 
 
-def _settle(
-    future: concurrent.futures.Future[LookupResult],
-    answered: threading.Event,
-    task: asyncio.Task[LookupResult],
-) -> None:
-    """Copy a finished lookup task's outcome to the caller's future (on the loop thread)."""
-    answered.set()
-    if future.done():
-        return
-    if task.cancelled():
-        future.cancel()
-    elif task.exception() is not None:
-        future.set_exception(task.exception())
-    else:
-        future.set_result(task.result())
-
-
-def _cancel_task(
-    loop: LoopThread, task: asyncio.Task[Any], future: concurrent.futures.Future[Any]
-) -> None:
-    """The caller cancelled (discard): cancel the lookup on the loop."""
-    if future.cancelled():
-        loop.call_soon(task.cancel)
+def _joined(hashes: Sequence[bytes]) -> tuple[bytes | list[bytes], int]:
+    """The hashes as one blob of rows of one width (cheap to send), or as a list when their
+    widths differ (the service then refuses or plans them as the coordinator does)."""
+    blob = b"".join(hashes)
+    width = len(hashes[0]) if hashes else 32
+    if width and width * len(hashes) == len(blob) and all(len(h) == width for h in hashes):
+        return blob, width
+    return list(hashes), 0
 
 
 class CoalescingLookupClient:
     """``lookup(req_id, num_tokens, block_hashes, non_block)``, ``discard``, ``reset``,
-    ``close``: the contract of vLLM's ``LookupKeyClient``, answered by one coordinator.
+    ``close``: the contract of vLLM's ``LookupKeyClient``, answered by one lookup service
+    (a coordinator) behind a :class:`~.channels.Channel`.
 
     The first :meth:`lookup` of a request id submits its lookup; with ``non_block`` every call
     returns None until the answer is in, then the result (once: the id is then forgotten, as
-    vLLM's client does). All lookups pending together share ``batch_is_exist`` RPCs. A failed
-    or timed-out lookup is logged and gives a hit of 0. ``make_result(hit_length, boundaries)``
-    builds the caller's result type (vLLM's ``MooncakeLookupResult``); ``boundaries`` is a
-    tuple of ``(group_id, num_tokens)``.
+    vLLM's client does). The lookups of one scheduler step go to the service together, at
+    :meth:`flush`, and share ``batch_is_exist`` RPCs; answers are collected at each
+    :meth:`flush` and :meth:`wait_for_answers` (and by a :meth:`lookup` of a pending id). A
+    failed or timed-out lookup is logged and gives a hit of 0. ``make_result(hit_length,
+    boundaries)`` builds the caller's result type (vLLM's ``MooncakeLookupResult``);
+    ``boundaries`` is a tuple of ``(group_id, num_tokens)``.
 
-    A blocking lookup (vLLM's synchronous mode, where nothing can coalesce) skips the loop
-    when ``exist_blocking(keys, timeout)`` is given: the calling thread plans, asks the store
-    and resolves, as vLLM's worker does, with no thread hop but the store's own.
+    ``open_channel()`` starts the service: at once with ``start_now``, else at the first
+    non-blocking lookup. A blocking lookup (vLLM's synchronous mode, where nothing can
+    coalesce) skips the service when ``exist_blocking(keys, timeout)`` is given: the calling
+    thread plans, asks the store and resolves, as vLLM's worker does. If the service is lost,
+    that is logged once and lookups then take that blocking path (or answer 0 without it).
 
-    ``open_store`` is awaited once on the loop thread and returns the opened store;
-    ``close_store`` is awaited at :meth:`close`. ``reset`` (the store wiped) is delegated to
-    ``reset_store`` and then starts a fresh coordinator, so nothing learned before the wipe is
-    kept.
+    ``reset`` (the store wiped) is delegated to ``reset_store`` and then restarts the
+    service's coordinator, so nothing learned before the wipe is kept. ``close_blocking``, if
+    given, is called at :meth:`close` (it closes what ``exist_blocking`` uses).
     """
 
     def __init__(
         self,
         layout: KVLayout,
-        open_store: Callable[[], Any],
-        close_store: Callable[[Store], Any],
+        open_channel: Callable[[], Channel],
         *,
         make_result: Callable[[int, tuple[tuple[int, int], ...]], Any],
         reset_store: Callable[[], bool],
         options: CoordinatorOptions,
-        open_timeout: float,
         exist_blocking: Callable[[list[bytes], float | None], list[int]] | None = None,
+        close_blocking: Callable[[], None] | None = None,
+        start_now: bool = True,
     ) -> None:
         self.layout = layout
         self._make_result = make_result
         self._reset_store = reset_store
         self._exist_blocking = exist_blocking
+        self._close_blocking = close_blocking
         self.direct_rpcs = 0
         """RPCs of blocking lookups made in the caller's thread (not in :meth:`stats`)."""
         self._options = options
-        self._close_store = close_store
-        self._futures: dict[str, concurrent.futures.Future[LookupResult]] = {}
+        self._open_channel = open_channel
+        self._channel: Channel | None = None
+        self._lost: str | None = None  # why the service is gone, once it is
+        self._tickets: dict[str, int] = {}  # request id -> its lookup's ticket
+        self._answers: dict[int, _Outcome] = {}  # ticket -> outcome, not collected yet
         self._unsent: list[_Unsent] = []
-        self._answered = threading.Event()  # set on the loop each time a lookup settles
-        self._loop = LoopThread("aio-mclookup-vllm")
+        self._discarded: list[int] = []  # sent tickets to cancel, with the next submission
+        self._sent: dict[int, float] = {}  # sent tickets not answered -> when they give up
+        self._next_ticket = 0
         self._closed = False
-        try:
-            self._store: Store = self._loop.submit(open_store()).result(open_timeout)
-            self._coordinator = self._loop.submit(self._start_coordinator()).result(open_timeout)
-        except BaseException:
-            self._loop.stop(_CLOSE_TIMEOUT)
-            raise
+        if start_now:
+            self._channel = open_channel()
 
     @staticmethod
     def options_from(extra: Mapping[str, Any]) -> CoordinatorOptions:
@@ -140,61 +134,66 @@ class CoalescingLookupClient:
             )
         return CoordinatorOptions(**{**PLUGIN_DEFAULTS, **own})
 
-    async def _start_coordinator(self) -> LookupCoordinator:
-        coordinator = LookupCoordinator(self.layout, self._store, options=self._options)
-        await coordinator.__aenter__()
-        return coordinator
-
     # ------------------------------------------------------------------ vLLM's contract
     def lookup(
         self, req_id: str, num_tokens: int, block_hashes: Sequence[bytes], non_block: bool = False
     ) -> Any:
         """The request's lookup result, or None while it is pending and ``non_block``.
 
-        A non-blocking lookup is started at the next :meth:`flush` (the end of the scheduler
+        A non-blocking lookup is sent at the next :meth:`flush` (the end of the scheduler
         step), so all the lookups of one step start together and share RPCs; a blocking one
-        (or a second call while still unsent) starts at once."""
-        future = self._futures.get(req_id)
-        if future is None:
+        (or a second call while still unsent) is sent at once."""
+        ticket = self._tickets.get(req_id)
+        if ticket is None:
             if self._closed:
                 return self._make_result(0, ())
-            if not non_block and self._exist_blocking is not None:
+            if (not non_block or self._lost is not None) and self._exist_blocking is not None:
                 return self._direct(req_id, num_tokens, block_hashes)
-            future = concurrent.futures.Future()
-            self._futures[req_id] = future
-            self._unsent.append((future, num_tokens, list(block_hashes)))
+            ticket = self._next_ticket = self._next_ticket + 1
+            self._tickets[req_id] = ticket
+            hashes, width = _joined(block_hashes)
+            self._unsent.append((ticket, num_tokens, hashes, width))
             if non_block:
                 return None
+        if ticket not in self._answers:
             self.flush()
-        elif not future.done() and self._unsent:
-            self.flush()
-        if non_block and not future.done():
-            return None
-        try:
-            result = future.result(self._wait_limit())
-        except BaseException as exc:  # vLLM's contract: log, then a hit of 0
-            future.cancel()
-            logger.error("aio-mclookup lookup failed for %s: %r", req_id, exc)
+        if ticket not in self._answers:
+            if non_block:
+                return None
+            self._wait_for(ticket)
+            self._answers.setdefault(ticket, "no answer from the lookup service")
+        del self._tickets[req_id]
+        outcome = self._answers.pop(ticket)
+        if isinstance(outcome, str):  # vLLM's contract: log, then a hit of 0
+            logger.error("aio-mclookup lookup failed for %s: %s", req_id, outcome)
             return self._make_result(0, ())
-        finally:
-            self._futures.pop(req_id, None)
-        return self._vllm_result(result)
+        return self._make_result(*outcome)
 
     def pending(self, req_id: str) -> bool:
-        """Whether ``req_id``'s non-blocking lookup is submitted and its answer not in yet
-        (then :meth:`lookup` would return None): the scheduler's cheap poll."""
-        future = self._futures.get(req_id)
-        return future is not None and not future.done()
+        """Whether ``req_id``'s non-blocking lookup is submitted and its answer not collected
+        yet (then :meth:`lookup` would return None): the scheduler's cheap poll."""
+        ticket = self._tickets.get(req_id)
+        return ticket is not None and ticket not in self._answers
 
     def wait_for_answers(self, timeout: float) -> None:
-        """Block (the GIL released) until a pending lookup is answered, at most ``timeout``
-        seconds; at once if none is pending or one is answered already. For a scheduler step
-        that scheduled nothing: rather than spin through empty steps, polling, it lets the
-        loop thread work."""
-        self._answered.clear()
-        done = [f.done() for f in self._futures.values()]
-        if done and not any(done):  # (an answer not yet collected: the next step takes it)
-            self._answered.wait(timeout)
+        """Block (the GIL released) until an answer arrives, at most ``timeout`` seconds; at
+        once if no lookup is out or an answer is in already. For a scheduler step that
+        scheduled nothing: rather than spin through empty steps, it lets the service work."""
+        self.flush()
+        if self._sent and not self._answers:
+            self._collect(timeout)
+
+    def _wait_for(self, ticket: int) -> None:
+        """Collect answers until ``ticket``'s is in, at most the lookup's own time limit."""
+        limit = self._wait_limit()
+        deadline = None if limit is None else time.monotonic() + limit
+        while ticket not in self._answers and ticket in self._sent:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                self._answers[ticket] = f"no answer within {limit} s"
+                self._forget_sent(ticket)
+                return
+            self._collect(min(left, 1.0))
 
     def _direct(self, req_id: str, num_tokens: int, block_hashes: Sequence[bytes]) -> Any:
         """One blocking lookup in the calling thread: plan, ask (in chunks of the
@@ -215,21 +214,107 @@ class CoalescingLookupClient:
         return self._vllm_result(result)
 
     def flush(self) -> None:
-        """Start every lookup submitted since the last flush, together (vLLM's connector calls
-        this once per scheduler step, from ``build_connector_meta``)."""
-        if self._unsent:
+        """Send every lookup submitted since the last flush, together, and collect the
+        answers that are in (vLLM's connector calls this once per scheduler step, from
+        ``build_connector_meta``)."""
+        if self._unsent or self._discarded:
             batch, self._unsent = self._unsent, []
-            self._loop.call_soon(self._start_all, batch)
+            discard, self._discarded = self._discarded, []
+            channel = self._service()
+            if channel is None:
+                self._fail([ticket for ticket, *_ in batch], self._lost or "no lookup service")
+                return
+            limit = self._wait_limit()
+            give_up = float("inf") if limit is None else time.monotonic() + limit
+            self._sent.update((ticket, give_up) for ticket, *_ in batch)
+            try:
+                channel.send(Submit(batch, discard))
+            except ChannelClosed as exc:
+                self._service_lost(str(exc))
+                return
+        if self._sent:
+            self._collect(0.0)
+            self._give_up_late()
 
-    def _start_all(self, batch: list[_Unsent]) -> None:
-        """On the loop: one task per lookup, all created in the same loop iteration."""
-        coordinator = self._coordinator
-        for future, num_tokens, hashes in batch:
-            if not future.set_running_or_notify_cancel():
-                continue  # discarded before it started
-            task = asyncio.ensure_future(coordinator.lookup_result(num_tokens, hashes))
-            task.add_done_callback(functools.partial(_settle, future, self._answered))
-            future.add_done_callback(functools.partial(_cancel_task, self._loop, task))
+    def _give_up_late(self) -> None:
+        """Lookups out for longer than their own time limit (a service that stopped
+        answering) get a hit of 0, logged, as a timed-out lookup does."""
+        now = time.monotonic()
+        late = []
+        for ticket, give_up in self._sent.items():  # (in the order sent: earliest first)
+            if give_up > now:
+                break
+            late.append(ticket)
+        self._fail(late, f"no answer from the lookup service within {self._wait_limit()} s")
+
+    def _service(self) -> Channel | None:
+        """The lookup service's channel, started on first use; None once it is lost."""
+        if self._channel is None and self._lost is None:
+            try:
+                self._channel = self._open_channel()
+            except Exception as exc:
+                self._service_lost(f"the lookup service did not start: {exc!r}")
+        return self._channel
+
+    def _collect(self, timeout: float) -> list[Reply]:
+        """Take the replies that are in (waiting up to ``timeout`` for the first): answers
+        are filed under their tickets; the others are returned."""
+        channel = self._channel
+        if channel is None:
+            return []
+        try:
+            replies = channel.receive(timeout)
+        except ChannelClosed as exc:
+            self._service_lost(str(exc))
+            return []
+        others: list[Reply] = []
+        for reply in replies:
+            if not isinstance(reply, Answers):
+                others.append(reply)
+                continue
+            for ticket, hit, detail in reply.outcomes:
+                if self._sent.pop(ticket, None) is not None:
+                    self._answers[ticket] = detail if hit is None else (hit, detail)  # type: ignore[assignment]
+        return others
+
+    def _request(self, request: Reset | StatsRequest, reply_type: type[_R]) -> _R:
+        """Send ``request`` and wait for its reply (answers meanwhile are filed)."""
+        channel = self._service()
+        if channel is None:
+            raise ChannelClosed(self._lost or "no lookup service")
+        channel.send(request)
+        deadline = time.monotonic() + _CLOSE_TIMEOUT
+        while time.monotonic() < deadline:
+            for reply in self._collect(0.1):
+                if isinstance(reply, reply_type):
+                    return reply
+            if self._lost is not None:
+                raise ChannelClosed(self._lost)
+        raise ChannelClosed(f"no {reply_type.__name__} within {_CLOSE_TIMEOUT} s")
+
+    def _service_lost(self, why: str) -> None:
+        """Log once; every lookup out gets a hit of 0; later ones take the blocking path."""
+        if self._lost is None:
+            self._lost = why
+            logger.error(
+                "aio-mclookup: %s; lookups now %s",
+                why,
+                ("block the scheduler, one at a time" if self._exist_blocking else "answer 0"),
+            )
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.close(0.0)
+        self._fail(list(self._sent), why)
+
+    def _fail(self, tickets: list[int], why: str) -> None:
+        for ticket in tickets:
+            self._forget_sent(ticket)
+            self._answers[ticket] = why
+
+    def _forget_sent(self, ticket: int) -> None:
+        if self._sent.pop(ticket, None) is not None:
+            self._discarded.append(ticket)
 
     def _vllm_result(self, result: LookupResult) -> Any:
         bounds = tuple((b.group_id, b.num_tokens) for b in result.tail_key_boundaries)
@@ -240,50 +325,56 @@ class CoalescingLookupClient:
         return None if timeout is None else timeout + _MARGIN
 
     def discard(self, req_id: str) -> None:
-        """Forget a request's lookup (finished or aborted), cancelling it if still pending."""
-        future = self._futures.pop(req_id, None)
-        if future is not None:
-            future.cancel()
+        """Forget a request's lookup (finished or aborted), cancelling it if still out."""
+        ticket = self._tickets.pop(req_id, None)
+        if ticket is None:
+            return
+        self._answers.pop(ticket, None)
+        if any(unsent[0] == ticket for unsent in self._unsent):
+            self._unsent = [unsent for unsent in self._unsent if unsent[0] != ticket]
+        self._forget_sent(ticket)
 
     def reset(self) -> bool:
         """Wipe the store (vLLM's own reset, on its worker) and start a fresh coordinator."""
         ok = self._reset_store()
-        for req_id in list(self._futures):
+        for req_id in list(self._tickets):
             self.discard(req_id)
         self._unsent.clear()
-        self._coordinator = self._loop.submit(self._restart()).result(_CLOSE_TIMEOUT)
+        if self._channel is not None:
+            self.flush()  # (the cancellations)
+            try:
+                self._request(Reset(), ResetDone)
+            except ChannelClosed as exc:
+                self._service_lost(str(exc))
         return ok
 
-    async def _restart(self) -> LookupCoordinator:
-        await self._coordinator.aclose()
-        return await self._start_coordinator()
-
     def close(self) -> None:
-        """Cancel pending lookups, close the coordinator and the store, end the thread."""
+        """Cancel every lookup, end the service and close the blocking path's store."""
         if self._closed:
             return
         self._closed = True
-        for req_id in list(self._futures):
-            self.discard(req_id)
+        self._tickets.clear()
+        self._answers.clear()
         self._unsent.clear()
+        self._sent.clear()
+        channel, self._channel = self._channel, None
         try:
-            self._loop.submit(self._shutdown()).result(_CLOSE_TIMEOUT)
+            if channel is not None:
+                channel.close(_CLOSE_TIMEOUT)
         except BaseException as exc:
-            logger.warning("aio-mclookup: closing the lookup client: %r", exc)
-        if not self._loop.stop(_CLOSE_TIMEOUT):
-            logger.warning("aio-mclookup: the lookup thread did not end in %s s", _CLOSE_TIMEOUT)
-
-    async def _shutdown(self) -> None:
-        try:
-            await self._coordinator.aclose()
+            logger.warning("aio-mclookup: closing the lookup service: %r", exc)
         finally:
-            await self._close_store(self._store)
+            if self._close_blocking is not None:
+                self._close_blocking()
 
     # ------------------------------------------------------------------- observability
     def stats(self) -> CoordinatorStats:
-        """A snapshot of the coordinator's statistics (RPCs, keys, lookups), taken on its
-        thread."""
-        return self._loop.submit(self._stats()).result(_CLOSE_TIMEOUT)
-
-    async def _stats(self) -> CoordinatorStats:
-        return self._coordinator.stats()
+        """A snapshot of the service's coordinator's statistics (RPCs, keys, lookups); those
+        of a fresh coordinator (zeros) while no service runs (not started yet, or lost)."""
+        if self._channel is None:
+            return CoordinatorStats()
+        try:
+            return self._request(StatsRequest(), Stats).stats
+        except ChannelClosed as exc:
+            self._service_lost(str(exc))
+            return CoordinatorStats()

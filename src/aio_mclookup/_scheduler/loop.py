@@ -8,12 +8,13 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread"]
+__all__ = ["LoopThread", "new_event_loop", "run_once"]
 
 _T = TypeVar("_T")
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where installed, else asyncio's."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio still works
@@ -29,7 +30,7 @@ class LoopThread:
     """
 
     def __init__(self, name: str) -> None:
-        self._loop = _new_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -55,3 +56,26 @@ class LoopThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+def run_once(make: Callable[[], Coroutine[Any, Any, _T]], timeout: float) -> _T:
+    """``make()``'s coroutine run to its end on a fresh event loop in a thread of its own
+    (so that it works from a thread whose own loop is running, too); at most ``timeout``
+    seconds (:class:`TimeoutError` after, the thread left to finish)."""
+    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        loop = new_event_loop()
+        try:
+            done.set_result(loop.run_until_complete(make()))
+        except BaseException as exc:
+            done.set_exception(exc)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="aio-mclookup-once", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"did not finish within {timeout} s")
+    return done.result()

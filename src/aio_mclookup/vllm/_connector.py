@@ -16,17 +16,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
 
 from .._errors import InvalidRequest, StoreError, UnsupportedLayout
 from .._layout.layout import KVLayout
+from .._scheduler.channels import SidecarChannel, opening
 from .._scheduler.client import CoalescingLookupClient
 from .._scheduler.config import store_settings
+from .._scheduler.loop import run_once
 from .._store.mooncake import MooncakeStore
-from .._store.protocol import Store
 
 __all__ = ["MooncakeStoreConnector", "build_client"]
 
 logger = logging.getLogger("aio_mclookup.vllm")
 
 _OPEN_TIMEOUT = 30.0
-"""Seconds the scheduler waits at start-up for its Mooncake client to set up."""
+"""Seconds the scheduler waits at start-up for its Mooncake client, and for the sidecar's,
+to set up (and at shut-down for its own to close)."""
 
 _IDLE_WAIT = 0.005
 """Seconds a scheduler step that scheduled nothing waits for a pending lookup's answer."""
@@ -53,43 +55,54 @@ def _host_ip() -> str:
 
 
 def build_client(
-    vllm_config: Any, kv_cache_config: Any, stock_client: Any
+    vllm_config: Any, kv_cache_config: Any, stock_client: Any, *, start_sidecar: bool = True
 ) -> CoalescingLookupClient:
     """The coalescing client for this engine's scheduler: the layout read from vLLM, a
-    lookup-only Mooncake client from ``MOONCAKE_CONFIG_PATH`` (same master and tenant as the
-    workers), the options of the extra config. ``stock_client`` keeps serving ``reset``.
-    :class:`UnsupportedLayout` where the layout cannot be reproduced, :class:`StoreError` if
-    the master cannot be reached, :class:`InvalidRequest` for a bad configuration."""
+    sidecar process whose coordinator and lookup-only Mooncake client (where the workers'
+    ``MOONCAKE_CONFIG_PATH`` points) answer the asynchronous lookups (started now with
+    ``start_sidecar``, else at the first one), and a Mooncake client of this process for the
+    synchronous ones (and for all of them if the sidecar is lost); the options of the extra
+    config. ``stock_client`` keeps serving ``reset``. :class:`UnsupportedLayout` where the
+    layout cannot be reproduced, :class:`StoreError` if the master cannot be reached,
+    :class:`InvalidRequest` for a bad configuration."""
     layout = KVLayout.from_vllm(vllm_config, kv_cache_config)
     extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
     options = CoalescingLookupClient.options_from(extra)
     settings = store_settings()
     host = _host_ip()
-
     store = MooncakeStore(
         settings.master_address,
         settings.metadata_server,
         local_hostname=host,
         tenant_id=settings.tenant_id,
     )
-
-    async def open_store() -> Store:
-        await store.open()
-        return store
-
-    async def close_store(_opened: Store) -> None:
-        await store.aclose()
-
-    return CoalescingLookupClient(
+    sidecar = opening(
         layout,
-        open_store,
-        close_store,
-        make_result=_result,
-        reset_store=stock_client.reset,
-        options=options,
-        open_timeout=_OPEN_TIMEOUT,
-        exist_blocking=store.batch_is_exist_blocking,
+        options,
+        master_address=settings.master_address,
+        metadata_server=settings.metadata_server,
+        local_hostname=host,
+        tenant_id=settings.tenant_id,
     )
+    run_once(store.open, _OPEN_TIMEOUT)
+
+    def close_store() -> None:
+        run_once(store.aclose, _OPEN_TIMEOUT)
+
+    try:
+        return CoalescingLookupClient(
+            layout,
+            lambda: SidecarChannel(sidecar, _OPEN_TIMEOUT),
+            make_result=_result,
+            reset_store=stock_client.reset,
+            options=options,
+            exist_blocking=store.batch_is_exist_blocking,
+            close_blocking=close_store,
+            start_now=start_sidecar,
+        )
+    except BaseException:
+        close_store()
+        raise
 
 
 class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
@@ -112,7 +125,9 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
             return
         stock = scheduler.client
         try:
-            client = build_client(vllm_config, kv_cache_config, stock)
+            client = build_client(
+                vllm_config, kv_cache_config, stock, start_sidecar=scheduler.lookup_async
+            )
         except (UnsupportedLayout, StoreError) as exc:
             _warn_once(f"aio-mclookup: keeping vLLM's own lookup client: {exc}")
             return
