@@ -100,7 +100,7 @@ def main() -> None:
         connector.results.clear()
         connector.lookup_seconds, connector.lookup_calls, connector.steps = 0.0, 0, 0
         connector.meta_seconds = 0.0
-        connector.idle_seconds = connector.lookup_cpu_seconds = 0.0
+        connector.idle_seconds = connector.lookup_cpu_seconds = connector.flush_seconds = 0.0
         connector.submitted = 0
         connector.last_answer_step = 0
         prompts = [
@@ -131,6 +131,7 @@ def main() -> None:
             "lookup_seconds": connector.lookup_seconds,
             "lookup_calls": connector.lookup_calls,
             "idle_seconds": connector.idle_seconds,
+            "flush_seconds": connector.flush_seconds,
             "lookup_cpu_seconds": connector.lookup_cpu_seconds,
             "meta_seconds": connector.meta_seconds,
             "submitted": connector.submitted,

@@ -25,6 +25,7 @@ def recording(base: type) -> type:
             self.meta_seconds = 0.0
             self.lookup_calls = 0
             self.idle_seconds = 0.0  # of meta_seconds: waiting, idle, for an answer
+            self.flush_seconds = 0.0  # ours: sending a step's lookups, collecting answers
             self.lookup_cpu_seconds = 0.0  # the scheduler thread's CPU time in the lookups
             self.steps = 0
             self.last_answer_step = 0
@@ -60,6 +61,16 @@ def recording(base: type) -> type:
                         self.idle_seconds += time.perf_counter() - start
 
                 client.wait_for_answers = wait_for_answers
+                flush = client.flush
+
+                def timed_flush() -> None:
+                    start = time.perf_counter()
+                    try:
+                        flush()
+                    finally:
+                        self.flush_seconds += time.perf_counter() - start
+
+                client.flush = timed_flush
             SCHEDULERS.append(self)
 
         def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
