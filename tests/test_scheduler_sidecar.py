@@ -6,6 +6,7 @@ left behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -203,6 +204,67 @@ def test_a_stalled_sidecar_gives_a_hit_of_zero_after_the_time_limit(
     finally:
         os.kill(pid, signal.SIGCONT)
         side.client.close()
+
+
+def test_a_stalled_sidecar_never_blocks_the_scheduler(
+    local_master: LocalMaster, prompts: list[tuple[int, list[bytes], Any]]
+) -> None:
+    """Sends are queued, not waited for (a step far larger than the socket's buffer); stats,
+    reset and close wait at most their bounds."""
+    side = Sidecar(local_master, None, timeout=1.0)
+    pid = side.channels[0].pid
+    big = _hashes(b"big", 2000)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        for i in range(100):
+            assert side.client.lookup(f"big{i}", 2000 * H, big, non_block=True) is None
+        started = time.monotonic()
+        side.client.flush()
+        side.client.wait_for_answers(0.05)
+        assert time.monotonic() - started < 1.0
+        started = time.monotonic()
+        assert side.client.stats().lookups_total == 0  # no reply: zeros, the service lost
+        assert time.monotonic() - started < 1.0 + 1.0 + 0.5  # timeout + margin
+        assert side.client.lookup("big0", 2000 * H, big, non_block=True) == (0, ())
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (lost, hence killed)
+            os.kill(pid, signal.SIGCONT)
+        side.client.close()
+    assert not _alive(pid)
+
+
+def test_close_on_a_stopped_sidecar_is_bounded(local_master: LocalMaster) -> None:
+    channel = _channel(local_master)
+    os.kill(channel.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    channel.close(1.0)
+    assert time.monotonic() - started < 1.0 + 2.0 + 0.5  # its bound, then the kill's
+    assert channel._process.poll() is not None
+
+
+def test_nothing_starts_after_close_and_bad_hashes_fail_alone(
+    local_master: LocalMaster,
+    prompts: list[tuple[int, list[bytes], Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    side = Sidecar(local_master, None)
+    n, hashes, want = prompts[2]
+    try:
+        with caplog.at_level(logging.ERROR, logger="aio_mclookup.vllm"):
+            assert side.client.lookup("odd", n, [1, 2], non_block=True) == (0, ())  # type: ignore[list-item]
+        assert "lookup failed for odd" in caplog.text
+        views = [memoryview(h) for h in hashes[:2]] + [b"short"]  # mixed widths: sent as a list
+        assert side.client.lookup("views", n, views, non_block=True) is None  # type: ignore[arg-type]
+        assert side.client.lookup("good", n, hashes, non_block=True) is None
+        side.step()
+        assert side.client.lookup("good", n, hashes, non_block=True) == want
+        assert side.client.lookup("views", n, views, non_block=True) is not None  # type: ignore[arg-type]
+        assert side.client.lookup("late", n, hashes, non_block=True) is None
+        side.client.discard("late")
+    finally:
+        side.client.close()
+    side.client.flush()  # (the discard) after close: no new sidecar
+    assert len(side.channels) == 1 and not _alive(side.channels[0].pid)
 
 
 def test_the_sidecar_ends_when_the_scheduler_goes_away(local_master: LocalMaster) -> None:

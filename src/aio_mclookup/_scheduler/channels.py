@@ -121,33 +121,58 @@ class ThreadChannel:
 
 
 # ---------------------------------------------------------------------- a child process
-_SEND_TIMEOUT = 10.0
-"""Seconds a request may take to be handed to the sidecar before it counts as gone."""
+MAX_OUTBOX = 256 << 20
+"""Bytes of requests the sidecar has not read yet, past which it counts as gone."""
+
+_SEND_WAIT = 0.02
+"""Seconds :meth:`SidecarChannel.send` waits for the socket to take a request that does not
+fit at once (a busy sidecar reads it later; the rest is written at the next exchange)."""
+
+_KILL_WAIT = 2.0
+"""Seconds to wait for a killed sidecar to be reaped."""
 
 
 class SidecarChannel:
     """The service in a child process (``python -m aio_mclookup._scheduler.sidecar``) over a
     socket pair. ``opening`` tells it the layout, store and options; it opens its own
-    Mooncake client, and :class:`StoreError` here says why it could not.
+    Mooncake client, and :class:`StoreError` here says why it could not (or why the process
+    could not be started).
+
+    Nothing here blocks beyond the time it is given: requests are queued and written as the
+    socket takes them (at each :meth:`send`, which waits at most :data:`_SEND_WAIT`, and at
+    each :meth:`receive`); a sidecar that leaves :data:`MAX_OUTBOX` bytes unread counts as
+    gone.
 
     The child ends when told (:meth:`close`) or when this process goes away (its end of the
     socket then reads end-of-file); it ignores SIGINT, so a Ctrl-C reaches the engine, whose
     shutdown closes it."""
 
     def __init__(self, opening: Open, start_timeout: float) -> None:
-        ours, theirs = socket.socketpair()
+        self._gone: str | None = None
+        self._outbox = bytearray()
+        self._reader = FrameReader()
+        self._pending: list[Reply] = []
+        try:
+            ours, theirs = socket.socketpair()
+        except OSError as exc:
+            raise StoreError(f"the lookup sidecar could not start: {exc!r}") from None
+        # (-P: not the engine's working directory first on the child's path; Python 3.11+)
+        isolate = ["-P"] if sys.version_info >= (3, 11) else []
+        command = [sys.executable, *isolate, "-m", "aio_mclookup._scheduler.sidecar"]
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "aio_mclookup._scheduler.sidecar", str(theirs.fileno())],
+                [*command, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
             )
+        except OSError as exc:
+            ours.close()
+            raise StoreError(f"the lookup sidecar could not start: {exc!r}") from None
         finally:
             theirs.close()
         self._socket = ours
-        self._reader = FrameReader()
-        self._pending: list[Reply] = []
-        self._gone: str | None = None
+        ours.setblocking(False)
+        self._poll = select.poll()
         try:
             self.send(opening)
             first = self._first_reply(start_timeout)
@@ -167,7 +192,7 @@ class SidecarChannel:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise StoreError(f"the lookup sidecar did not start within {timeout} s")
-            self._pending += self._read(left)
+            self._pending += self._exchange(left)
         first = self._pending.pop(0)
         if not isinstance(first, (Ready, Failed)):
             raise StoreError(f"the lookup sidecar answered {type(first).__name__} at start")
@@ -180,49 +205,71 @@ class SidecarChannel:
     def send(self, request: Request) -> None:
         if self._gone is not None:
             raise ChannelClosed(self._gone)
-        data = encode(request)
-        try:
-            self._socket.settimeout(_SEND_TIMEOUT)
-            self._socket.sendall(data)
-        except OSError as exc:
-            self._lost(f"the lookup sidecar is gone ({exc!r})")
+        self._outbox += encode(request)
+        if len(self._outbox) > MAX_OUTBOX:
+            self._lost(f"the lookup sidecar left {len(self._outbox)} bytes of requests unread")
+        self._write()
+        deadline = time.monotonic() + _SEND_WAIT
+        while self._outbox and (left := deadline - time.monotonic()) > 0:
+            self._poll.register(self._socket, select.POLLOUT)
+            try:
+                self._poll.poll(left * 1000)
+            finally:
+                self._poll.unregister(self._socket)
+            self._write()
+
+    def _write(self) -> None:
+        """Write what the socket takes now of the queued requests."""
+        while self._outbox:
+            try:
+                sent = self._socket.send(self._outbox)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._lost(f"the lookup sidecar is gone ({exc!r})")
+            del self._outbox[:sent]
 
     def receive(self, timeout: float) -> list[Reply]:
         if self._pending:
             out, self._pending = self._pending, []
-            return out + self._read(0.0)
-        return self._read(timeout)
+            return out + self._exchange(0.0)
+        return self._exchange(timeout)
 
-    def _read(self, timeout: float) -> list[Reply]:
-        """What arrived (waiting up to ``timeout`` for something), as replies."""
+    def _exchange(self, timeout: float) -> list[Reply]:
+        """Write what can be written, then what arrived (waiting up to ``timeout`` for
+        something to read), as replies."""
         if self._gone is not None:
             raise ChannelClosed(self._gone)
-        sock = self._socket
-        readable, _, _ = select.select([sock], [], [], max(timeout, 0.0))
-        if not readable:
-            return []
-        sock.setblocking(False)
-        out: list[Reply] = []
+        self._write()
+        events = select.POLLIN | (select.POLLOUT if self._outbox else 0)
+        self._poll.register(self._socket, events)
         try:
-            while self._gone is None:
-                try:
-                    data = sock.recv(1 << 20)
-                except (BlockingIOError, InterruptedError):
-                    return out
-                except OSError as exc:
-                    self._gone = f"the lookup sidecar is gone ({exc!r})"
-                    break
-                if not data:
-                    self._gone = "the lookup sidecar ended"
-                    break
-                try:
-                    out += self._reader.feed(data)
-                except FrameError as exc:
-                    self._gone = f"the lookup sidecar sent a bad frame: {exc}"
+            ready = self._poll.poll(max(timeout, 0.0) * 1000)
         finally:
-            sock.setblocking(True)
-        if not out:  # (what came before the end is still given)
+            self._poll.unregister(self._socket)
+        if not any(mask & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, mask in ready):
+            self._write()
+            return []
+        out: list[Reply] = []
+        while self._gone is None:
+            try:
+                data = self._socket.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._gone = f"the lookup sidecar is gone ({exc!r})"
+                break
+            if not data:
+                self._gone = "the lookup sidecar ended"
+                break
+            try:
+                out += self._reader.feed(data)
+            except FrameError as exc:
+                self._gone = f"the lookup sidecar sent a bad frame: {exc}"
+        if self._gone is not None and not out:  # (what came before the end is still given)
             raise ChannelClosed(self._gone)
+        if self._gone is None:
+            self._write()
         return out
 
     def _lost(self, why: str) -> Any:
@@ -230,16 +277,19 @@ class SidecarChannel:
         raise ChannelClosed(why)
 
     def close(self, timeout: float) -> None:
+        """Ask the sidecar to close, wait for it at most ``timeout`` seconds in all, then
+        kill what is left."""
+        deadline = time.monotonic() + timeout
         if self._gone is None:
-            deadline = time.monotonic() + timeout
             with contextlib.suppress(ChannelClosed):
                 self.send(Close())
                 closed = False
                 while not closed and time.monotonic() < deadline:
-                    closed = any(isinstance(r, Closed) for r in self.receive(0.05))
+                    left = min(0.05, max(0.0, deadline - time.monotonic()))
+                    closed = any(isinstance(r, Closed) for r in self.receive(left))
             self._gone = "the lookup sidecar is closed"
         try:
-            self._process.wait(max(0.0, timeout))
+            self._process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._kill()
         self._socket.close()
@@ -249,7 +299,7 @@ class SidecarChannel:
         with contextlib.suppress(OSError):
             self._process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(5.0)
+            self._process.wait(_KILL_WAIT)
         self._socket.close()
 
 

@@ -29,8 +29,9 @@ positive-answer cache, so every answer is the store's at probe time, as vLLM's w
 it. ``kv_connector_extra_config["aio_mclookup"]`` overrides either."""
 
 _CLOSE_TIMEOUT = 10.0
-"""Seconds :meth:`CoalescingLookupClient.close`, ``reset`` and ``stats`` wait for the
-service."""
+"""Seconds :meth:`CoalescingLookupClient.close` waits for the service to close (then it is
+killed), and the most ``reset`` and ``stats`` wait for its reply (at most the lookup's own
+time limit when that is shorter)."""
 
 _MARGIN = 1.0
 """Seconds a blocking :meth:`~CoalescingLookupClient.lookup` waits beyond the lookup's own
@@ -53,7 +54,7 @@ def _joined(hashes: Sequence[bytes]) -> tuple[bytes | list[bytes], int]:
     width = len(hashes[0]) if hashes else 32
     if width and width * len(hashes) == len(blob) and all(len(h) == width for h in hashes):
         return blob, width
-    return list(hashes), 0
+    return [bytes(h) for h in hashes], 0
 
 
 class CoalescingLookupClient:
@@ -149,9 +150,13 @@ class CoalescingLookupClient:
                 return self._make_result(0, ())
             if (not non_block or self._lost is not None) and self._exist_blocking is not None:
                 return self._direct(req_id, num_tokens, block_hashes)
+            try:
+                hashes, width = _joined(block_hashes)
+            except Exception as exc:  # vLLM's contract: log, then a hit of 0
+                logger.error("aio-mclookup lookup failed for %s: %r", req_id, exc)
+                return self._make_result(0, ())
             ticket = self._next_ticket = self._next_ticket + 1
             self._tickets[req_id] = ticket
-            hashes, width = _joined(block_hashes)
             self._unsent.append((ticket, num_tokens, hashes, width))
             if non_block:
                 return None
@@ -232,6 +237,8 @@ class CoalescingLookupClient:
             except ChannelClosed as exc:
                 self._service_lost(str(exc))
                 return
+            except Exception as exc:  # (a request that cannot be encoded): these fail alone
+                self._fail([ticket for ticket, *_ in batch], f"not sent: {exc!r}")
         if self._sent:
             self._collect(0.0)
             self._give_up_late()
@@ -249,7 +256,7 @@ class CoalescingLookupClient:
 
     def _service(self) -> Channel | None:
         """The lookup service's channel, started on first use; None once it is lost."""
-        if self._channel is None and self._lost is None:
+        if self._channel is None and self._lost is None and not self._closed:
             try:
                 self._channel = self._open_channel()
             except Exception as exc:
@@ -283,14 +290,16 @@ class CoalescingLookupClient:
         if channel is None:
             raise ChannelClosed(self._lost or "no lookup service")
         channel.send(request)
-        deadline = time.monotonic() + _CLOSE_TIMEOUT
-        while time.monotonic() < deadline:
-            for reply in self._collect(0.1):
+        limit = self._wait_limit()
+        wait = _CLOSE_TIMEOUT if limit is None else min(limit, _CLOSE_TIMEOUT)
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            for reply in self._collect(min(left, 0.1)):
                 if isinstance(reply, reply_type):
                     return reply
             if self._lost is not None:
                 raise ChannelClosed(self._lost)
-        raise ChannelClosed(f"no {reply_type.__name__} within {_CLOSE_TIMEOUT} s")
+        raise ChannelClosed(f"no {reply_type.__name__} from the lookup service within {wait} s")
 
     def _service_lost(self, why: str) -> None:
         """Log once; every lookup out gets a hit of 0; later ones take the blocking path."""
@@ -357,15 +366,18 @@ class CoalescingLookupClient:
         self._answers.clear()
         self._unsent.clear()
         self._sent.clear()
+        self._discarded.clear()
         channel, self._channel = self._channel, None
         try:
             if channel is not None:
                 channel.close(_CLOSE_TIMEOUT)
-        except BaseException as exc:
+        except Exception as exc:
             logger.warning("aio-mclookup: closing the lookup service: %r", exc)
-        finally:
-            if self._close_blocking is not None:
+        if self._close_blocking is not None:
+            try:
                 self._close_blocking()
+            except Exception as exc:
+                logger.warning("aio-mclookup: closing the scheduler's Mooncake client: %r", exc)
 
     # ------------------------------------------------------------------- observability
     def stats(self) -> CoordinatorStats:
