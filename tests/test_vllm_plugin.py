@@ -170,7 +170,7 @@ def test_greedy_outputs_after_loading_are_identical(runs: dict[str, Any], phase:
 def test_async_mode_coalesces(runs: dict[str, Any]) -> None:
     phase = runs["recording_ours"]["phases"][1]
     assert phase["submitted"] >= 10
-    assert phase["rpcs"] < phase["submitted"]
+    assert 1 <= phase["rpcs"] < phase["submitted"]  # (0 would mean no service answered)
 
 
 def test_shutdown_leaves_no_thread_or_process(runs: dict[str, Any]) -> None:
