@@ -173,6 +173,7 @@ class SidecarChannel:
         self._socket = ours
         ours.setblocking(False)
         self._poll = select.poll()
+        self._poll.register(ours, select.POLLIN)
         try:
             self.send(opening)
             first = self._first_reply(start_timeout)
@@ -211,11 +212,7 @@ class SidecarChannel:
         self._write()
         deadline = time.monotonic() + _SEND_WAIT
         while self._outbox and (left := deadline - time.monotonic()) > 0:
-            self._poll.register(self._socket, select.POLLOUT)
-            try:
-                self._poll.poll(left * 1000)
-            finally:
-                self._poll.unregister(self._socket)
+            self._wait(select.POLLOUT, left)
             self._write()
 
     def _write(self) -> None:
@@ -241,13 +238,8 @@ class SidecarChannel:
         if self._gone is not None:
             raise ChannelClosed(self._gone)
         self._write()
-        events = select.POLLIN | (select.POLLOUT if self._outbox else 0)
-        self._poll.register(self._socket, events)
-        try:
-            ready = self._poll.poll(max(timeout, 0.0) * 1000)
-        finally:
-            self._poll.unregister(self._socket)
-        if not any(mask & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, mask in ready):
+        ready = self._wait(select.POLLIN | (select.POLLOUT if self._outbox else 0), timeout)
+        if not ready & (select.POLLIN | select.POLLHUP | select.POLLERR):
             self._write()
             return []
         out: list[Reply] = []
@@ -271,6 +263,11 @@ class SidecarChannel:
         if self._gone is None:
             self._write()
         return out
+
+    def _wait(self, events: int, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for ``events`` on the socket; the events seen."""
+        self._poll.modify(self._socket, events)
+        return sum(mask for _, mask in self._poll.poll(max(timeout, 0.0) * 1000))
 
     def _lost(self, why: str) -> Any:
         self._gone = why

@@ -189,14 +189,12 @@ class CoalescingLookupClient:
             self._collect(timeout)
 
     def _wait_for(self, ticket: int) -> None:
-        """Collect answers until ``ticket``'s is in, at most the lookup's own time limit."""
-        limit = self._wait_limit()
-        deadline = None if limit is None else time.monotonic() + limit
-        while ticket not in self._answers and ticket in self._sent:
-            left = 1.0 if deadline is None else deadline - time.monotonic()
+        """Collect answers until ``ticket``'s is in, at most until it gives up (its own time
+        limit from when it was sent)."""
+        while (give_up := self._sent.get(ticket)) is not None:
+            left = give_up - time.monotonic()
             if left <= 0:
-                self._answers[ticket] = f"no answer within {limit} s"
-                self._forget_sent(ticket)
+                self._give_up_late()
                 return
             self._collect(min(left, 1.0))
 
@@ -252,7 +250,8 @@ class CoalescingLookupClient:
             if give_up > now:
                 break
             late.append(ticket)
-        self._fail(late, f"no answer from the lookup service within {self._wait_limit()} s")
+        if late:
+            self._fail(late, f"no answer from the lookup service within {self._wait_limit()} s")
 
     def _service(self) -> Channel | None:
         """The lookup service's channel, started on first use; None once it is lost."""

@@ -10,46 +10,32 @@ import asyncio
 import contextlib
 import signal
 import socket
-import struct
 import sys
 
 from .._coordinator.options import CoordinatorOptions
 from .._layout.layout import KVLayout
 from .._store.mooncake import MooncakeStore
 from .loop import new_event_loop
-from .messages import (
-    MAX_FRAME,
-    Close,
-    Closed,
-    Failed,
-    FrameError,
-    FrameReader,
-    Open,
-    Ready,
-    Reply,
-    encode,
-)
+from .messages import Close, Closed, Failed, FrameReader, Open, Ready, Reply, encode
 from .service import LookupService
-
-_HEAD = struct.Struct(">I")
 
 
 async def _serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     frames = FrameReader()
+    arrived: list[object] = []
 
     async def next_request() -> object | None:
-        try:
-            head = await reader.readexactly(_HEAD.size)
-            (length,) = _HEAD.unpack(head)
-            if length > MAX_FRAME:
-                raise FrameError(f"a frame of {length} bytes")
-            message: object
-            (message,) = frames.feed(head + await reader.readexactly(length))
-        except asyncio.IncompleteReadError:
-            return None  # the scheduler's process is gone
-        return message
+        """The next request; None at the end of the stream (the scheduler's process is
+        gone). A bad frame raises (FrameError): the sidecar ends, and the scheduler sees it
+        go."""
+        while not arrived:
+            data = await reader.read(1 << 20)
+            if not data:
+                return None
+            arrived.extend(frames.feed(data))
+        return arrived.pop(0)
 
     def emit(reply: Reply) -> None:
         writer.write(encode(reply))
