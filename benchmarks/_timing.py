@@ -34,6 +34,7 @@ __all__ = [
     "machine",
     "run_processes",
     "spread",
+    "time_back_to_back",
     "time_interleaved",
     "time_phases",
     "timed_call",
@@ -81,6 +82,26 @@ def time_interleaved(
     for _ in range(runs):
         for name, call in calls.items():
             out[name].append(timed_call(call))
+    return out
+
+
+def time_back_to_back(
+    calls: dict[str, Callable[[], Any]], *, warmup: int, runs: int, batch: int
+) -> dict[str, list[float]]:
+    """Per-call seconds of each contender in steady use: ``batch`` calls back to back per
+    sample, the collector left to run as it would (no forced collection); contenders take
+    turns sample by sample. Returns each contender's ``runs`` samples (batch time / batch)."""
+    for _ in range(warmup):
+        for call in calls.values():
+            for _ in range(batch):
+                call()
+    out: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(runs):
+        for name, call in calls.items():
+            started = time.perf_counter()
+            for _ in range(batch):
+                call()
+            out[name].append((time.perf_counter() - started) / batch)
     return out
 
 

@@ -31,10 +31,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,9 +166,42 @@ def build(layout: KVLayout, sc: Scenario, seed: int) -> tuple[list[list[bytes]],
     return docs, requests
 
 
-def summarize(runs: list[RunResult]) -> dict[str, float]:
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) that process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Measured:
+    """One run and the CPU it took: this process's (the client side, Mooncake client threads
+    included) and the master's, per lookup."""
+
+    run: RunResult
+    own_cpu: float
+    master_cpu: float
+
+
+async def measured(master: LocalMaster, run: Awaitable[RunResult]) -> Measured:
+    pid = master.pid
+    assert pid is not None
+    own, theirs = time.process_time(), _process_cpu(pid)
+    result = await run
+    lookups = max(result.lookups, 1)
+    return Measured(
+        result,
+        (time.process_time() - own) / lookups,
+        (_process_cpu(pid) - theirs) / lookups,
+    )
+
+
+def summarize(measured_runs: list[Measured]) -> dict[str, float]:
     """Medians over repetitions."""
+    runs = [m.run for m in measured_runs]
     return {
+        "own_cpu": statistics.median(m.own_cpu for m in measured_runs),
+        "master_cpu": statistics.median(m.master_cpu for m in measured_runs),
         "rate": statistics.median(r.rate() for r in runs),
         "p50": statistics.median(r.percentile_ms(50) for r in runs),
         "p99": statistics.median(r.percentile_ms(99) for r in runs),
@@ -196,23 +231,24 @@ async def run_scenario(
         raw.open_blocking()
         try:
             async with MooncakeStore(master.master_address, master.metadata_server) as store:
-                coord_runs: list[RunResult] = []
-                naive_runs: list[RunResult] = []
+                coord_runs: list[Measured] = []
+                naive_runs: list[Measured] = []
                 reference: list[int] | None = None
                 for rep in range(reps):
                     for mode in ("seed-naive", "coordinator") if rep % 2 == 0 else (
                         "coordinator", "seed-naive"
                     ):
                         if mode == "coordinator":
-                            result = await coordinator_run(
+                            run = await measured(master, coordinator_run(
                                 store, requests, cfg, concurrency, stop, progress
-                            )
-                            coord_runs.append(result)
+                            ))
+                            coord_runs.append(run)
                         else:
-                            result = await naive_run(
+                            run = await measured(master, naive_run(
                                 raw, requests, cfg, concurrency, stop, progress
-                            )
-                            naive_runs.append(result)
+                            ))
+                            naive_runs.append(run)
+                        result = run.run
                         hits = [h for _, h in sorted(zip(result.positions, result.hits))]
                         if reference is None:
                             reference = hits
@@ -234,8 +270,9 @@ async def run_scenario(
 
 def table(results: dict[str, dict[str, dict[str, float]]], scenarios: list[Scenario]) -> str:
     head = ("| scenario | requests | concurrency | mode | lookups/s | p50 ms | p99 ms "
-            "| RPCs/lookup | keys/lookup | rounds/lookup | ratio (lookups/s; p99 for bursts) |"
-            "\n|" + "---|" * 11)
+            "| RPCs/lookup | keys/lookup | rounds/lookup | CPU us/lookup, ours | "
+            "CPU us/lookup, master | ratio (lookups/s; p99 for bursts) |"
+            "\n|" + "---|" * 13)
     rows = [head]
     for sc in scenarios:
         res = results[sc.name]
@@ -252,7 +289,8 @@ def table(results: dict[str, dict[str, dict[str, float]]], scenarios: list[Scena
             rows.append(
                 f"| {sc.name} | {sc.requests:,} | {concurrency} | {mode} | "
                 f"{m['rate']:,.0f} | {m['p50']:.2f} | {m['p99']:.2f} | {m['rpcs']:.3f} | "
-                f"{m['keys']:.1f} | {m['rounds']:.2f} | {ratio} |"
+                f"{m['keys']:.1f} | {m['rounds']:.2f} | {m['own_cpu'] * 1e6:,.0f} | "
+                f"{m['master_cpu'] * 1e6:,.0f} | {ratio} |"
             )
     return "\n".join(rows)
 
@@ -298,6 +336,11 @@ async def main_async(args: argparse.Namespace) -> str:
         "scenario says 0.33; `aio_mclookup._reference`) + one "
         "`batch_is_exist` per request via the loop's default executor. Coordinator: default "
         "options, fresh per repetition.",
+        "CPU per lookup: this process's CPU time over the run (the caller side: the Mooncake "
+        "client's threads, planning or seed-naive's key loop, the coordinator) and the master "
+        "process's, each divided by the lookups (read from /proc around each run). On this "
+        "2-vCPU machine the two together bound the rate: lookups/s cannot exceed 2 s of CPU "
+        "per second over their sum.",
         "",
         table(results, scenarios),
         "",

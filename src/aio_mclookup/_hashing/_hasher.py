@@ -310,15 +310,13 @@ class BlockHasher:
                 copy = self._cbor_state.copy
                 for body in bodies:
                     state = copy()
-                    state.update(digest)
-                    state.update(body)
+                    state.update(digest + body)  # one call: cheaper than two
                     digest = state.digest()
                     append(digest)
             else:
                 for start, body in zip(self._pickle_states(bodies), bodies):
                     state = start.copy()
-                    state.update(digest)
-                    state.update(body)
+                    state.update(digest + body)
                     digest = state.digest()
                     append(digest)
             return digest

@@ -89,9 +89,15 @@ async def drive(
     stop: asyncio.Event,
     progress: Progress,
 ) -> None:
-    """Run ``cfg``'s lookups with ``result.concurrency`` workers; fill ``result``."""
+    """Run ``cfg``'s lookups with ``result.concurrency`` workers; fill ``result``.
+
+    A latency counts from the call, except in a burst (as many workers as lookups: they all
+    arrive at once), where it counts from the run's start: a lookup issued at once but
+    started only after the others' synchronous work (planning, key building) has waited for
+    it all the same."""
     n = len(requests)
     total = result.planned
+    burst = 0 < total <= result.concurrency
     deadline = math.inf if cfg.duration is None else time.perf_counter() + cfg.duration
     next_pos = 0
     errors = result.errors
@@ -106,7 +112,7 @@ async def drive(
                 return
             next_pos = pos + 1
             req = requests[pos % n]
-            started = clock()
+            started = started_at if burst else clock()
             try:
                 hit = await lookup(req)
             except Error as exc:
