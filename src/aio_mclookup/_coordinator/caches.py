@@ -40,6 +40,13 @@ class NextChunk(enum.Enum):
     LEAVES_RUN = "leaves the run"
 
 
+_PRESENT = NextChunk.LIKELY_PRESENT
+_ABSENT = NextChunk.LIKELY_ABSENT
+_LEAVES = NextChunk.LEAVES_RUN
+"""The members as globals, for :meth:`KnownPrefixes.after`: on Python 3.11 reading one off
+the enum class goes through ``EnumType.__getattr__``'s slow path, several times a global's
+cost."""
+
 
 class PositiveCache:
     """Keys answered present, each kept until the expiry given with it, and at most
@@ -286,7 +293,7 @@ class KnownPrefixes:
           document up to different cuts)."""
         tree = None if key is None else self._runs.get(key)
         if tree is None or count >= rows.shape[0]:
-            return NextChunk.LIKELY_ABSENT
+            return _ABSENT
         node: _Node = tree[0]
         depth = 0
         while True:
@@ -294,19 +301,19 @@ class KnownPrefixes:
             if count < depth + edge:  # chunk ``count`` is inside this edge
                 stored = node.rows[count - depth].tobytes()
                 if rows[count].tobytes() != stored:
-                    return NextChunk.LEAVES_RUN
-                return NextChunk.LIKELY_PRESENT
+                    return _LEAVES
+                return _PRESENT
             depth += edge
             children = node.children
             if depth == count:
                 if children:
-                    return NextChunk.LIKELY_PRESENT  # a branch point (whichever branch)
+                    return _PRESENT  # a branch point (whichever branch)
                 if node.miss == rows[count].tobytes() or not node.grown:
-                    return NextChunk.LIKELY_ABSENT
-                return NextChunk.LIKELY_PRESENT
+                    return _ABSENT
+                return _PRESENT
             child = None if not children else children.get(rows[depth].tobytes())
             if child is None:
-                return NextChunk.LIKELY_ABSENT  # (the request parted before ``count``)
+                return _ABSENT  # (the request parted before ``count``)
             node = child
 
     def _store(self, key: tuple[Hashable, bytes], tree: list[Any], max_rows: int) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._arrays import IntArray, KeyIndices
+from .._arrays import KeyIndices
 from .._errors import Error, InternalError, StoreError
 from .._layout.groups import FullAttention
 from .._observe.stats import CoordinatorStats
@@ -58,6 +58,11 @@ take the array paths (numpy's fixed cost per call beats a loop's cost per key fr
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
 tracked, and as a time it is long past, so no known prefix is ever built on it."""
+_NEXT_PRESENT = NextChunk.LIKELY_PRESENT
+_NEXT_LEAVES_RUN = NextChunk.LEAVES_RUN
+"""What :meth:`KnownPrefixes.after` answers, as globals: on Python 3.11 reading a member off
+its enum class goes through ``EnumType.__getattr__``'s slow path, several times a global's
+cost."""
 
 
 @dataclass(eq=False, slots=True)
@@ -346,26 +351,34 @@ class CoordinatorCore:
         self, lookup: LookupState, keys: Sequence[bytes], cached: Mapping[bytes, float], base: int
     ) -> tuple[int, int, int, int, Sequence[bytes]]:
         """:meth:`_subscribe` for a wide round (an array of answers): what the cache and the
-        RPC being fanned out know, found at C speed; the rest queued at once when nothing
-        else wants them (a cold round), else one by one. Returns the counts (fresh, cached,
-        shared, just answered) and the entries still to come."""
+        RPC being fanned out know, read key by key only when they hold some of the keys; the
+        rest queued at once when nothing else wants them (a cold round), else one by one.
+        Returns the counts (fresh, cached, shared, just answered) and the entries still to
+        come."""
         table = self.table
-        queued, in_flight = table.queued, table.in_flight
-        open_keys = keys
-        open_at: range | IntArray = range(len(keys))  # their positions in the round
-        answered = [0, 0]
+        queued, in_flight, answering = table.queued, table.in_flight, table.answering
         present = lookup.round_present
         assert isinstance(present, np.ndarray)
-        for which, source in enumerate((cached, table.answering)):
-            if not source or source.keys().isdisjoint(open_keys):
-                continue
-            got = np.array(list(map(source.get, open_keys)), dtype=np.float64)  # None: nan
-            unknown = np.isnan(got)
-            found = np.flatnonzero(~unknown)
-            answered[which] = found.size
-            present[np.asarray(open_at)[found]] = got[found]
-            open_keys = list(itertools.compress(open_keys, unknown.tolist()))
-            open_at = np.asarray(open_at)[unknown]
+        hits = just_answered = 0
+        open_keys: Sequence[bytes] = keys
+        open_at: range | list[int] = range(len(keys))  # their positions in the round
+        if (cached and not cached.keys().isdisjoint(keys)) or (
+            answering and not answering.keys().isdisjoint(keys)
+        ):  # (a loop: half the cost of building arrays from these keys, at any round size)
+            open_keys, open_at = [], []
+            for pos, key in enumerate(keys):
+                until = cached.get(key)
+                if until is not None:
+                    hits += 1
+                elif answering:
+                    until = answering.get(key)
+                    if until is not None:
+                        just_answered += 1
+                if until is None:
+                    open_keys.append(key)
+                    open_at.append(pos)
+                else:
+                    present[pos] = until
         fresh = shared = 0
         if open_keys and (
             (not in_flight or in_flight.keys().isdisjoint(open_keys))
@@ -375,7 +388,7 @@ class CoordinatorCore:
             subscribers = (
                 range(base, base + len(open_keys))
                 if isinstance(open_at, range)
-                else (open_at + base).tolist()
+                else [base + pos for pos in open_at]
             )
             queued.update(zip(open_keys, subscribers))
             fresh = len(queued) - before
@@ -384,7 +397,7 @@ class CoordinatorCore:
                     queued.pop(key, None)
                 fresh = 0
         if open_keys and not fresh:
-            for pos, key in zip(_ints(open_at), open_keys):
+            for pos, key in zip(open_at, open_keys):
                 where = in_flight
                 subs = in_flight.get(key)
                 if subs is None:
@@ -399,7 +412,7 @@ class CoordinatorCore:
                 else:
                     subs.append(base | pos)
                 shared += 1
-        return fresh, answered[0], shared, answered[1], open_keys
+        return fresh, hits, shared, just_answered, open_keys
 
     def _subscribed(self, subscribers: Subscribers) -> Iterator[tuple[LookupState, int]]:
         """The unsettled lookups among ``subscribers``, with their positions."""
@@ -466,8 +479,8 @@ class CoordinatorCore:
                 run = chunks * k
                 if chunks:
                     after = self._prefixes.after(prompt, probe.hash_rows, chunks)
-                    likely_miss = after is not NextChunk.LIKELY_PRESENT
-                    lookup.own_way = after is NextChunk.LEAVES_RUN
+                    likely_miss = after is not _NEXT_PRESENT
+                    lookup.own_way = after is _NEXT_LEAVES_RUN
             if cache and not run:  # (else the first round reads the key cache as it goes)
                 block = k
                 unit = lookup.unit
@@ -544,7 +557,7 @@ class CoordinatorCore:
             lookup.likely_miss = (
                 start + shared < walked  # it went its own way within the walker's chunks
                 or self._prefixes.after(lookup.prompt, rows, start + shared)
-                is not NextChunk.LIKELY_PRESENT
+                is not _NEXT_PRESENT
             )
         return start + shared
 
@@ -799,11 +812,6 @@ def _entries(lookup: LookupState, indices: KeyIndices) -> list[bytes]:
     if lookup.unit > 1:
         return lookup.plan._items_at(indices)
     return lookup.plan._keys_at(indices)
-
-
-def _ints(indices: range | IntArray) -> range | list[int]:
-    """Positions as Python ints (a range stays a range)."""
-    return indices if isinstance(indices, range) else indices.tolist()
 
 
 def _build_keys(plan: LookupPlan) -> None:
