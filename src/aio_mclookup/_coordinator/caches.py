@@ -78,7 +78,7 @@ class PositiveCache:
         if not keys:
             return
         heapq.heappush(self._batches, (expiry, next(self._order), keys))
-        self._keys.update(dict.fromkeys(keys, expiry))
+        self._keys.update(zip(keys, itertools.repeat(expiry)))  # (no dict built in between)
         if len(self._keys) > max_keys:
             target = max_keys - max_keys // 10
             while self._batches and len(self._keys) > target:

@@ -388,7 +388,7 @@ class CoordinatorCore:
             subscribers = (
                 range(base, base + len(open_keys))
                 if isinstance(open_at, range)
-                else [base + pos for pos in open_at]
+                else list(map(base.__add__, open_at))
             )
             queued.update(zip(open_keys, subscribers))
             fresh = len(queued) - before
