@@ -245,8 +245,10 @@ def report(results: list[dict[str, Any]], keys: list[str], command: str, elapsed
         "",
         "Two regimes. **Back to back** (a router hashing prompt after prompt; the target is "
         "stated here): samples of "
-        + ", ".join(f"{WORKLOADS[k.split('/')[0]]['title'].split(' ')[0]} "
-                    f"{first[k]['batch']}" for k in keys[:: len(ALGOS)] if k in first)
+        + " and ".join(
+            f"{first[k]['batch']} ({name})"
+            for name, k in {k.split("/")[0]: k for k in keys}.items()
+        )
         + " calls in a row, the collector left to run as in use (no forced collection), the "
         "contenders taking turns sample by sample. **After a collection**: `gc.collect()` "
         "before each single call, the contenders taking turns call by call; the collection "
