@@ -230,10 +230,12 @@ class CallBackFakeStore(FakeStore):
         super().__init__(present, **kw)
         self.closed = False
         self.pending: set[asyncio.Task[None]] = set()
+        self.called = asyncio.Event()
 
     def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
         if self.closed:
             raise mcl.ClosedError("closed")
+        self.called.set()
 
         async def call() -> None:
             try:
@@ -249,11 +251,11 @@ class CallBackFakeStore(FakeStore):
 
 async def test_a_call_back_store_needs_no_rpc_task_and_gives_the_same_hits() -> None:
     doc = chain(64, b"call-back")
-    store = CallBackFakeStore(FULL16.plan(1024, doc).keys, delay=0.005)
+    store = CallBackFakeStore(FULL16.plan(1024, doc).keys, delay=0.02)
     requests = [doc[:cut] + chain(64 - cut, b"cb-%d" % cut) for cut in (0, 7, 30, 64)]
     async with LookupCoordinator(FULL16, store) as coord:
         runs = [asyncio.ensure_future(coord.lookup(1024, r)) for r in requests * 3]
-        await asyncio.sleep(0.001)
+        await asyncio.wait_for(store.called.wait(), 5)  # the dispatcher sent the first RPC
         assert coord.stats().rpcs_in_flight >= 1 and not coord._rpc_tasks
         hits = await asyncio.gather(*runs)
         assert coord.stats().rpcs_in_flight == 0
