@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import select
 import socket
 import subprocess
@@ -316,5 +317,5 @@ def opening(
         metadata_server=metadata_server,
         local_hostname=local_hostname,
         tenant_id=tenant_id,
-        options={f: getattr(options, f) for f in CoordinatorOptions.__dataclass_fields__},
+        options=dataclasses.asdict(options),
     )

@@ -16,7 +16,16 @@ from .._layout.layout import KVLayout
 from .._observe.stats import CoordinatorStats
 from .._resolve.result import LookupResult
 from .channels import Channel, ChannelClosed
-from .messages import Answers, Reply, Reset, ResetDone, Stats, StatsRequest, Submit
+from .messages import (
+    Answers,
+    Reply,
+    Reset,
+    ResetDone,
+    Stats,
+    StatsRequest,
+    Submit,
+    boundary_pairs,
+)
 
 __all__ = ["CoalescingLookupClient", "PLUGIN_DEFAULTS"]
 
@@ -325,8 +334,7 @@ class CoalescingLookupClient:
             self._discarded.append(ticket)
 
     def _vllm_result(self, result: LookupResult) -> Any:
-        bounds = tuple((b.group_id, b.num_tokens) for b in result.tail_key_boundaries)
-        return self._make_result(result.hit_length, bounds)
+        return self._make_result(result.hit_length, boundary_pairs(result))
 
     def _wait_limit(self) -> float | None:
         timeout = self._options.timeout

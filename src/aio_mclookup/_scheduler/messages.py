@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._observe.stats import CoordinatorStats
+from .._resolve.result import LookupResult
 
 __all__ = [
     "MAX_FRAME",
@@ -35,6 +36,7 @@ __all__ = [
     "Stats",
     "StatsRequest",
     "Submit",
+    "boundary_pairs",
     "encode",
 ]
 
@@ -90,6 +92,11 @@ Request = Open | Submit | Reset | StatsRequest | Close
 Outcome = tuple[int, int, tuple[tuple[int, int], ...]] | tuple[int, None, str]
 """``(ticket, hit_length, tail-key boundaries as (group_id, num_tokens))``, or
 ``(ticket, None, what went wrong)``."""
+
+
+def boundary_pairs(result: LookupResult) -> tuple[tuple[int, int], ...]:
+    """A result's tail-key boundaries as an :data:`Outcome` carries them."""
+    return tuple((b.group_id, b.num_tokens) for b in result.tail_key_boundaries)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .messages import (
     Stats,
     StatsRequest,
     Submit,
+    boundary_pairs,
 )
 
 __all__ = ["LookupService"]
@@ -112,8 +113,7 @@ class LookupService:
             self._finished((ticket, None, repr(exc)))
             return
         result = task.result()
-        bounds = tuple((b.group_id, b.num_tokens) for b in result.tail_key_boundaries)
-        self._finished((ticket, result.hit_length, bounds))
+        self._finished((ticket, result.hit_length, boundary_pairs(result)))
 
     def _finished(self, outcome: Outcome) -> None:
         if not self._outbox:
