@@ -566,7 +566,7 @@ def test_probe_target_cache_is_bounded_in_entries_and_bytes(monkeypatch: Any) ->
     monkeypatch.setattr(_plan, "_PROBE_CACHE_ENTRIES", 3)
     for tokens in range(256, 256 * 6, 256):
         layout.plan(tokens, rows[: tokens // 4])
-    cache = _plan._CACHES[layout._geometry]
+    cache = _plan._CACHES[id(layout._geometry)]
     assert [key[0] for key in cache.entries] == [256 * 3, 256 * 4, 256 * 5]
     entry = sum(t.nbytes for t in cache.entries[(256 * 5, tuple(
         256 * 5 // g.block_size for g in layout.groups))])
@@ -579,6 +579,37 @@ def test_probe_target_cache_is_bounded_in_entries_and_bytes(monkeypatch: Any) ->
     monkeypatch.setattr(_plan, "_PROBE_CACHE_BYTES", 1)  # nothing fits: planned, not kept
     plan = layout.plan(256, rows[:64])
     assert plan.num_keys and not cache.entries and cache.nbytes == 0
+
+
+@pytest.mark.parametrize(
+    ("tp", "chunks"), [(1, 1023), (1, 1024), (1, 1025), (1, 3000), (2, 511), (2, 512), (2, 1500)]
+)
+def test_keys_are_the_same_on_both_sides_of_the_copy_threshold(tp: int, chunks: int) -> None:
+    """Key rows are glued byte-wide below ``_RECORDS_FROM`` keys and as void items from it."""
+    from aio_mclookup._plan.keys import _RECORDS_FROM
+
+    assert _RECORDS_FROM == 1024  # (the parameters straddle it)
+    layout = _full16(tp_size=tp, num_kv_heads=tp)
+    rng = np.random.default_rng(chunks)
+    hashes = [bytes(r) for r in rng.integers(0, 256, (chunks, 32), dtype=np.uint8)]
+    plan = layout.plan(chunks * 16, hashes)
+    assert _decoded(plan.keys) == _ref_keys(layout, chunks * 16, hashes)
+
+
+def test_a_layouts_probe_target_cache_goes_with_it() -> None:
+    """The cache is keyed by the layout's id: the entry must leave when the layout does, or a
+    later layout at the same address would read another layout's targets."""
+    import gc
+
+    from aio_mclookup._plan import targets
+
+    layout = _full16()
+    layout.plan(48, _hashes(3))
+    key = id(layout._geometry)
+    assert key in targets._CACHES
+    del layout
+    gc.collect()
+    assert key not in targets._CACHES
 
 
 # ------------------------------------------------------------------------------ resolve

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,30 @@ def test_every_module_imports_alone() -> None:
         if info.name in ("aio_mclookup.vllm", "aio_mclookup.fastapi"):
             continue  # (optional extras; imported by their own tests)
         importlib.import_module(info.name)
+
+
+def test_names_a_lookup_does_not_need_load_on_first_use() -> None:
+    """``import aio_mclookup`` leaves out the hasher, the embedded master and Prometheus (and
+    cbor2, which only the hasher needs) until one of them is read."""
+    code = (
+        "import sys, aio_mclookup as m\n"
+        "lazy = ['aio_mclookup._hashing', 'aio_mclookup._local', "
+        "'aio_mclookup._observe.prometheus', 'cbor2']\n"
+        "print(sorted(n for n in lazy if n in sys.modules))\n"
+        "m.BlockHasher; m.LocalMaster; m.prometheus_text\n"
+        "print(sorted(n for n in lazy if n in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == str(
+        ["aio_mclookup._hashing", "aio_mclookup._local", "aio_mclookup._observe.prometheus",
+         "cbor2"]
+    )
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        aio_mclookup.nope  # noqa: B018
+    assert "BlockHasher" in dir(aio_mclookup)

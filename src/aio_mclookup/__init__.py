@@ -4,9 +4,14 @@ Data flow: :class:`BlockHasher` (token ids to vLLM's block hashes) -> :class:`KV
 deployment) -> :meth:`KVLayout.plan` (one request's keys) -> :class:`LookupCoordinator` (many
 requests, shared RPCs) -> a :class:`Store` -> resolve (vLLM's hit, :class:`LookupResult`).
 
-Everything public is re-exported here; the underscore modules are private.
+Everything public is re-exported here; the underscore modules are private. The names a
+lookup does not need (the block hasher, the embedded master and its writer, Prometheus) load on
+first use: a process that only plans and looks up keeps a smaller heap, which every garbage
+collection walks (docs/design.md).
 """
 
+import importlib as _importlib
+import typing as _typing
 
 from ._coordinator.options import CoordinatorOptions
 from ._coordinator.shell import LookupCoordinator
@@ -20,7 +25,6 @@ from ._errors import (
     StoreError,
     UnsupportedLayout,
 )
-from ._hashing import BlockHasher
 from ._layout.groups import (
     ChunkedLocalAttention,
     CircularBuffer,
@@ -30,9 +34,6 @@ from ._layout.groups import (
     SlidingWindow,
 )
 from ._layout.layout import KVLayout
-from ._local.master import LocalMaster
-from ._local.writer import StoreWriter
-from ._observe.prometheus import PROMETHEUS_CONTENT_TYPE, CoordinatorCollector, prometheus_text
 from ._observe.stats import CoordinatorStats, Histogram
 from ._plan.hashes import HashInput
 from ._plan.plan import LookupPlan
@@ -40,6 +41,26 @@ from ._resolve.result import LookupResult, TailKeyBoundary
 from ._store.fake import FakeStore
 from ._store.mooncake import MooncakeStore
 from ._store.protocol import CallbackStore, Store
+
+if _typing.TYPE_CHECKING:
+    from ._hashing import BlockHasher
+    from ._local.master import LocalMaster
+    from ._local.writer import StoreWriter
+    from ._observe.prometheus import (
+        PROMETHEUS_CONTENT_TYPE,
+        CoordinatorCollector,
+        prometheus_text,
+    )
+
+_ON_FIRST_USE = {
+    "BlockHasher": "._hashing",
+    "LocalMaster": "._local.master",
+    "StoreWriter": "._local.writer",
+    "PROMETHEUS_CONTENT_TYPE": "._observe.prometheus",
+    "CoordinatorCollector": "._observe.prometheus",
+    "prometheus_text": "._observe.prometheus",
+}
+"""Public names imported by :func:`__getattr__` when first read."""
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
@@ -81,14 +102,29 @@ __version__ = "0.1.0"
 
 
 
-def _present_as_public() -> None:
+def _present_as_public(obj: object) -> None:
     """Classes and functions show as ``aio_mclookup.X`` (in reprs, docs and tracebacks), not
     as the private module that defines them."""
-    for name in __all__:
-        obj = globals()[name]
-        if callable(obj) and getattr(obj, "__module__", "").startswith("aio_mclookup._"):
-            obj.__module__ = "aio_mclookup"
+    if callable(obj) and getattr(obj, "__module__", "").startswith("aio_mclookup._"):
+        obj.__module__ = "aio_mclookup"
 
 
-_present_as_public()
-del _present_as_public
+def __getattr__(name: str) -> object:
+    """Import a name of :data:`_ON_FIRST_USE` on first read (PEP 562)."""
+    module = _ON_FIRST_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aio_mclookup' has no attribute {name!r}")
+    obj = getattr(_importlib.import_module(module, __name__), name)
+    _present_as_public(obj)
+    globals()[name] = obj
+    return obj
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+for _name in __all__:
+    if _name not in _ON_FIRST_USE:
+        _present_as_public(globals()[_name])
+del _name

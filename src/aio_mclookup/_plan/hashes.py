@@ -27,7 +27,10 @@ class RequestHashes:
         self.array: npt.NDArray[np.uint8] | None = None
         self.items: Sequence[Any] | None = None
         self._duplicates: bool | None = None
-        if isinstance(block_hashes, np.ndarray):
+        if type(block_hashes) is list:  # the common case, without the ABC check below
+            self.items = block_hashes
+            self.count = len(block_hashes)
+        elif isinstance(block_hashes, np.ndarray):
             if type(block_hashes) is not np.ndarray:  # (np.matrix, memmap: read as arrays)
                 block_hashes = np.asarray(block_hashes)
             if block_hashes.ndim != 2 or block_hashes.dtype != np.uint8:

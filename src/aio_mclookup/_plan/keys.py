@@ -198,17 +198,24 @@ def ints(indices: KeyIndices) -> range | list[int]:
 def _glue(
     out: npt.NDArray[np.uint8], prefixes: npt.NDArray[np.uint8], hexed: npt.NDArray[np.uint8]
 ) -> None:
-    """``out[..., :plen] = prefixes`` and ``out[..., plen:] = hexed`` (broadcast), each prefix
-    and each hex copied as one void item: numpy then moves whole byte strings (a memcpy
-    each) instead of running a byte-wide loop per row: about 15 % faster on large plans."""
+    """``out[..., :plen] = prefixes`` and ``out[..., plen:] = hexed`` (broadcast). From
+    :data:`_RECORDS_FROM` keys on, each prefix and each hex is copied as one void item:
+    numpy then moves whole byte strings (a memcpy each) instead of running a byte-wide loop
+    per row, about 15 % faster on large plans."""
     plen, width = prefixes.shape[-1], out.shape[-1]
-    if plen in (0, width):  # nothing to split into two fields
+    if plen in (0, width) or out.size < _RECORDS_FROM * width:  # (or nothing to split)
         out[..., :plen] = prefixes
         out[..., plen:] = hexed
         return
     records = out.view(_key_fields(plen, width))[..., 0]
     records["p"] = prefixes.view(f"V{plen}")[..., 0]
     records["h"] = hexed.view(f"V{width - plen}")[..., 0]
+
+
+_RECORDS_FROM = 1024
+"""Keys from which :func:`_glue` copies void items: below it, setting up the structured
+views costs more than the byte-wide loop saves (measured at 4,096-token prompts, W1 of
+docs/benchmarks.md)."""
 
 
 @functools.lru_cache(maxsize=64)

@@ -48,16 +48,26 @@ class _TargetCache:
         self.nbytes = 0
 
 
-_CACHES: weakref.WeakKeyDictionary[Geometry, _TargetCache] = weakref.WeakKeyDictionary()
+_CACHES: dict[int, _TargetCache] = {}
+"""Each live layout's cache, by ``id``: a plain dict read (a WeakKeyDictionary's ``get`` runs
+Python code on every plan); a finalizer drops the entry when the layout goes."""
+
+
+def _cache_of(layout: Geometry) -> _TargetCache:
+    """The layout's cache, created on first use."""
+    key = id(layout)
+    cache = _CACHES[key] = _TargetCache()
+    weakref.finalize(layout, _CACHES.pop, key, None)
+    return cache
 
 
 def probe_targets(
     layout: Geometry, token_len: int, limits: tuple[int, ...]
 ) -> tuple[ProbeTarget, ...]:
     """Every group's :class:`ProbeTarget` (cached per layout: request lengths repeat)."""
-    cache = _CACHES.get(layout)
+    cache = _CACHES.get(id(layout))
     if cache is None:
-        cache = _CACHES[layout] = _TargetCache()
+        cache = _cache_of(layout)
     entries = cache.entries
     key = (token_len, limits)
     targets = entries.get(key)
@@ -77,7 +87,7 @@ def probe_targets(
 
 def cached_targets(layout: Geometry) -> tuple[int, int]:
     """How many entries and bytes the layout's target cache holds (for tests)."""
-    cache = _CACHES.get(layout)
+    cache = _CACHES.get(id(layout))
     return (0, 0) if cache is None else (len(cache.entries), cache.nbytes)
 
 
