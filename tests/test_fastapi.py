@@ -115,6 +115,19 @@ async def test_lookup_hex_b64_and_batch() -> None:
         assert r.json() == {"hit_tokens": []}
 
 
+async def test_hex_hashes_of_mixed_widths_are_read_one_by_one() -> None:
+    """Widths that differ but join to a multiple of the first one's must not be re-cut into
+    rows of that width: each hash keeps its own bytes (and so its own key)."""
+    store = FakeStore()
+    hashes = [b"\xaa\xbb", b"\xcc", b"\xdd\xee\xff"]  # 6 bytes: three rows of 2 would fit
+    store.add(vllm_key("toy-model", h) for h in hashes)
+    async with serve(fake_app(store)) as client:
+        r = await client.post("/v1/lookup", json=body(32, hashes))
+        assert r.status_code == 200 and r.json() == {"hit_tokens": 32}
+        r = await client.post("/v1/lookup", json=body(32, [b"\xaa\xbb", b"\xcc\xdd"]))
+        assert r.status_code == 200 and r.json() == {"hit_tokens": 16}  # (one width: rows)
+
+
 async def test_concurrent_requests_share_rpcs() -> None:
     store = FakeStore(delay=0.002)
     prompts = [prompt(4) for _ in range(256)]

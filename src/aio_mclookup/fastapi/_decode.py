@@ -95,7 +95,8 @@ def _decode_hex(hashes: list[Any], loc: Loc, limit: int) -> HashInput:
             pass
         else:
             width = len(first) // 2
-            if len(raw) == width * len(hashes):
+            # every hash of the first one's width (a mix of widths can join to a fitting sum)
+            if list(map(len, hashes)).count(len(first)) == len(hashes):
                 return np.frombuffer(raw, dtype=np.uint8).reshape(len(hashes), width)
     out: list[bytes] = []
     for i, text in enumerate(hashes):
