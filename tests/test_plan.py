@@ -396,6 +396,24 @@ def test_plan_does_not_see_later_writes_to_the_hash_array() -> None:
     assert plan.resolve([0, 1, 1]) == 48  # hash A is present through its second copy
 
 
+def test_a_read_only_view_of_bytes_is_read_without_a_copy_and_any_other_array_with_one() -> None:
+    """Rows over a ``bytes`` object cannot change, so the plan keeps them as they are (how the
+    HTTP routes decode hashes); a read-only view of a writeable array is still copied."""
+    layout = _full16()
+    blob = b"A" * 32 + b"B" * 32 + b"A" * 32
+    rows = np.frombuffer(blob, dtype=np.uint8).reshape(3, 32)
+    plan = layout.plan(48, rows)
+    assert np.shares_memory(plan.groups[0].hash_rows, rows)
+    assert plan.keys == layout.plan(48, [blob[:32], blob[32:64], blob[64:]]).keys
+    writeable = rows.copy()
+    view = writeable.view()
+    view.flags.writeable = False
+    plan = layout.plan(48, view)
+    writeable[2] = ord("C")
+    assert not np.shares_memory(plan.groups[0].hash_rows, writeable)
+    assert plan.keys[0] == plan.keys[2]
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -34,7 +34,7 @@ class EraCPlan(LookupPlan):
     given to :meth:`KVLayout.plan`.
     """
 
-    __slots__ = ("_hash_count", "_hash_ids", "_units", "num_tokens")
+    __slots__ = ("_hash_count", "_hash_ids", "_hash_source", "_units", "num_tokens")
 
     def __init__(
         self,
@@ -45,15 +45,25 @@ class EraCPlan(LookupPlan):
         num_keys: int,
         units: tuple[IntArray, ...] = (),
         hash_count: int = 0,
-        hash_ids: IntArray | None = None,
+        hash_source: RequestHashes | None = None,
     ) -> None:
         super().__init__(geometry, token_len, groups, num_keys)
         self.num_tokens = num_tokens
         self._units = units
         """Per store group: the hash index of each probed chunk (or unit)."""
         self._hash_count = hash_count
-        self._hash_ids = hash_ids
-        """Ids of the request's hashes, equal exactly where hashes repeat (None: none do)."""
+        self._hash_source = hash_source
+        """The request's hashes (a snapshot) until :attr:`hash_ids` has read them."""
+        self._hash_ids: IntArray | None = None
+
+    @property
+    def hash_ids(self) -> IntArray | None:
+        """Ids of the request's hashes, equal exactly where hashes repeat (None: none do),
+        found on first use: a plan probed in rounds as a prefix never needs them."""
+        if self._hash_source is not None:
+            self._hash_ids = _hash_ids(self._hash_source)
+            self._hash_source = None
+        return self._hash_ids
 
     # ------------------------------------------------------------------------- structure
     @property
@@ -115,7 +125,7 @@ class EraCPlan(LookupPlan):
     def hash_presence(self, present: BoolArray) -> list[BoolArray]:
         """Per store group, one boolean per request hash: in vLLM's presence set."""
         n = self._hash_count
-        ids = self._hash_ids
+        ids = self.hash_ids
         out: list[BoolArray] = []
         for probe, units in zip(self._groups, self._units):
             k = len(self.geometry.prefix_bytes[probe.group_id])
@@ -214,9 +224,15 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
             )
             units_of.append(units)
             offset += chunks.size * len(geometry.prefix_bytes[gid])
-    hash_ids = _hash_ids(hashes) if offset else None
     return EraCPlan(
-        geometry, token_len, n_tokens, tuple(probes), offset, tuple(units_of), count, hash_ids
+        geometry,
+        token_len,
+        n_tokens,
+        tuple(probes),
+        offset,
+        tuple(units_of),
+        count,
+        hashes.snapshot() if offset else None,
     )
 
 

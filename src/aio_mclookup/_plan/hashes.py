@@ -53,6 +53,26 @@ class RequestHashes:
             self.items = block_hashes
             self.count = len(block_hashes)
 
+    def snapshot(self) -> RequestHashes:
+        """These hashes as they are now, safe to read later: the caller may reuse its list or
+        array once planning returns (a sequence is copied as a tuple, mutable bytes-likes as
+        bytes; an array unless it is a read-only view of immutable bytes)."""
+        items = self.items
+        if items is not None:
+            if set(map(type, items)) <= {bytes}:  # (the usual case, checked in C)
+                return self if type(items) is tuple else RequestHashes(tuple(items))
+            return RequestHashes(
+                tuple(bytes(h) if isinstance(h, (bytearray, memoryview)) else h for h in items)
+            )
+        assert self.array is not None
+        array = self.array
+        if _immutable(array):
+            return self
+        copy = RequestHashes.__new__(RequestHashes)
+        copy.array, copy.items, copy.count = array.copy(), None, self.count
+        copy._duplicates = self._duplicates
+        return copy
+
     def has_duplicates(self) -> bool:
         """Whether two of the request's hashes are equal (computed once)."""
         if self._duplicates is None:
@@ -76,8 +96,9 @@ class RequestHashes:
         list is then read with ``m`` strided slices, much faster than index by index (the
         caller has checked the period)."""
         if self.array is not None:
-            if isinstance(units, slice):
-                return self.array[units].copy(), []  # the plan must not see later writes
+            if isinstance(units, slice):  # the plan must not see later writes: a copy
+                sliced = self.array[units]
+                return (sliced if _immutable(sliced) else sliced.copy()), []
             return self.array.take(units, axis=0), []
         assert self.items is not None
         items = self.items
@@ -123,6 +144,15 @@ class RequestHashes:
         if len(joined) == n * width and list(map(len, items)).count(width) == n:  # one width
             return np.frombuffer(joined, dtype=np.uint8).reshape(n, width), []
         return None, [bytes(item) for item in items]
+
+
+def _immutable(array: npt.NDArray[Any]) -> bool:
+    """Whether nobody can write to the array's memory: a view of a ``bytes`` object (how
+    the HTTP routes decode hashes), which holds still without a copy."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return type(base) is bytes
 
 
 def _interleaved_rows(

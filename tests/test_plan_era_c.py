@@ -1,0 +1,50 @@
+"""vLLM 0.32+ plans (``aio_mclookup._plan.era_c``): the request's hash ids are found only when
+an answer needs them, from the hashes as they were at planning time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aio_mclookup import FullAttention, KVLayout
+
+
+def _layout() -> KVLayout:
+    return KVLayout([FullAttention(16)], model="test-model", hash_block_size=16,
+                    scheduler_block_size=16, vllm_version="0.33")
+
+
+# The public conformance case "edge-repeated_hashes-conflicting_answers": the first hash
+# repeats; its first key answers absent, its copy present, and vLLM 0.33 keys presence by hash,
+# so the hit is all three blocks (48 of the 49 tokens).
+HASHES = [b"a0", b"a0", b"a1"]
+EXISTS = [0, 1, 1]
+
+
+def test_a_repeated_hash_counts_as_vllm_033_counts_it() -> None:
+    assert _layout().plan(49, list(HASHES)).resolve(EXISTS) == 48
+
+
+def test_the_callers_list_may_change_after_planning() -> None:
+    hashes = list(HASHES)
+    plan = _layout().plan(49, hashes)
+    hashes[:] = [b"x0", b"x1", b"x2"]  # (a caller reusing its buffer)
+    assert plan.resolve(EXISTS) == 48
+
+
+def test_the_callers_bytearrays_and_array_may_change_after_planning() -> None:
+    mutable = [bytearray(h) for h in HASHES]
+    plan = _layout().plan(49, mutable)
+    mutable[0][:] = b"zz"
+    assert plan.resolve(EXISTS) == 48
+    rows = np.frombuffer(b"".join(HASHES), dtype=np.uint8).reshape(3, 2).copy()
+    plan = _layout().plan(49, rows)
+    rows[0] = (0, 1)
+    assert plan.resolve(EXISTS) == 48
+
+
+def test_hash_ids_are_found_only_when_an_answer_needs_them() -> None:
+    plan = _layout().plan(49, list(HASHES))
+    assert plan._hash_ids is None and plan._hash_source is not None  # nothing read yet
+    assert plan.hash_ids is not None and plan._hash_source is None
+    distinct = _layout().plan(49, [b"b0", b"b1", b"b2"])
+    assert distinct.hash_ids is None  # (chained hashes: none repeat)
