@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aio_mclookup import FullAttention, KVLayout
+from aio_mclookup import FullAttention, KVLayout, SlidingWindow
 
 
 def _layout() -> KVLayout:
@@ -48,3 +48,12 @@ def test_hash_ids_are_found_only_when_an_answer_needs_them() -> None:
     assert plan.hash_ids is not None and plan._hash_source is None
     distinct = _layout().plan(49, [b"b0", b"b1", b"b2"])
     assert distinct.hash_ids is None  # (chained hashes: none repeat)
+
+
+def test_a_plan_probed_in_one_round_finds_its_hash_ids_at_once() -> None:
+    """Every answer of a hybrid plan rests on the hash ids: found while planning, from the
+    hashes as given (no snapshot kept)."""
+    layout = KVLayout([FullAttention(32), SlidingWindow(16, 32)], model="test-model",
+                      hash_block_size=16, scheduler_block_size=32, vllm_version="0.33")
+    plan = layout.plan(128, [b"h%d" % (i % 3) for i in range(8)])
+    assert plan._hash_source is None and plan.hash_ids is not None

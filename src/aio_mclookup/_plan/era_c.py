@@ -52,14 +52,19 @@ class EraCPlan(LookupPlan):
         self._units = units
         """Per store group: the hash index of each probed chunk (or unit)."""
         self._hash_count = hash_count
-        self._hash_source = hash_source
-        """The request's hashes (a snapshot) until :attr:`hash_ids` has read them."""
         self._hash_ids: IntArray | None = None
+        self._hash_source: RequestHashes | None = None
+        """A lone full-attention plan's hashes (a snapshot) until :attr:`hash_ids` reads them:
+        probed in rounds as a prefix, it never needs them. Other plans always do: found now."""
+        if hash_source is not None:
+            if self.single_full_attention:
+                self._hash_source = hash_source.snapshot()
+            else:
+                self._hash_ids = _hash_ids(hash_source)
 
     @property
     def hash_ids(self) -> IntArray | None:
-        """Ids of the request's hashes, equal exactly where hashes repeat (None: none do),
-        found on first use: a plan probed in rounds as a prefix never needs them."""
+        """Ids of the request's hashes, equal exactly where hashes repeat (None: none do)."""
         if self._hash_source is not None:
             self._hash_ids = _hash_ids(self._hash_source)
             self._hash_source = None
@@ -232,7 +237,7 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
         offset,
         tuple(units_of),
         count,
-        hashes.snapshot() if offset else None,
+        hashes if offset else None,
     )
 
 
@@ -244,6 +249,11 @@ def _hash_ids(hashes: RequestHashes) -> IntArray | None:
         return duplicate_ids(hashes.array, [])
     items = hashes.items
     assert items is not None
+    try:
+        if len(set(items)) == len(items):  # (one C pass; bytes cache their hash)
+            return None
+    except TypeError:  # (unhashable bytes-likes: read below)
+        pass
     try:
         joined = b"".join(items)
     except TypeError:  # (bytes-likes of other kinds)
