@@ -40,6 +40,10 @@ def test_the_callers_bytearrays_and_array_may_change_after_planning() -> None:
     plan = _layout().plan(49, rows)
     rows[0] = (0, 1)
     assert plan.resolve(EXISTS) == 48
+    rows = np.frombuffer(b"".join(HASHES), dtype=np.uint8).reshape(3, 2).copy()
+    plan = _layout().plan(49, list(rows))  # (numpy rows as the list's items)
+    rows[0] = (0, 1)
+    assert plan.resolve(EXISTS) == 48
 
 
 def test_hash_ids_are_found_only_when_an_answer_needs_them() -> None:
@@ -57,3 +61,25 @@ def test_a_plan_probed_in_one_round_finds_its_hash_ids_at_once() -> None:
                       hash_block_size=16, scheduler_block_size=32, vllm_version="0.33")
     plan = layout.plan(128, [b"h%d" % (i % 3) for i in range(8)])
     assert plan._hash_source is None and plan.hash_ids is not None
+
+
+def _hybrid() -> KVLayout:
+    return KVLayout([FullAttention(32), SlidingWindow(16, 32)], model="test-model",
+                    hash_block_size=16, scheduler_block_size=32, vllm_version="0.33")
+
+
+def test_bytes_likes_that_hash_or_compare_otherwise_count_by_their_bytes() -> None:
+    """A writable memoryview cannot be hashed, a ``cast('c')`` view hashes like its bytes but
+    compares unequal to them: both must plan and resolve as the same bytes would."""
+    hashes = [b"\xaa\xbb", b"x1", b"x2", b"\xaa\xbb", b"x4", b"x5", b"x6", b"x7"]
+    layout = _hybrid()
+    expected_keys = layout.plan(128, hashes).keys
+    answers = [1 if i % 3 != 1 else 0 for i in range(len(expected_keys))]
+    expected = layout.plan(128, hashes).resolve(answers)
+    buf = bytearray(b"".join(hashes))
+    writable = [memoryview(buf)[2 * i : 2 * i + 2] for i in range(8)]
+    cast = [memoryview(h).cast("c") if i == 3 else h for i, h in enumerate(hashes)]
+    for items in (writable, cast):
+        plan = layout.plan(128, items)
+        assert plan.keys == expected_keys
+        assert plan.resolve(answers) == expected

@@ -78,3 +78,20 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         aio_mclookup.nope  # noqa: B018
     assert "BlockHasher" in dir(aio_mclookup)
+
+
+def test_names_loaded_on_first_use_look_public_whoever_imports_them_first() -> None:
+    """The routers and the load generator import these from their private modules: they must
+    show as ``aio_mclookup.X`` there too, before the package attribute is ever read."""
+    code = (
+        "from aio_mclookup._hashing import BlockHasher\n"
+        "from aio_mclookup._local.master import LocalMaster\n"
+        "from aio_mclookup._local.writer import StoreWriter\n"
+        "from aio_mclookup._observe.prometheus import CoordinatorCollector, prometheus_text\n"
+        "print(sorted({o.__module__ for o in (BlockHasher, LocalMaster, StoreWriter,\n"
+        "      CoordinatorCollector, prometheus_text)}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    assert out == "['aio_mclookup']"

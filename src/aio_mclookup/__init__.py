@@ -37,6 +37,7 @@ from ._layout.layout import KVLayout
 from ._observe.stats import CoordinatorStats, Histogram
 from ._plan.hashes import HashInput
 from ._plan.plan import LookupPlan
+from ._public import present_as_public as _present_as_public
 from ._resolve.result import LookupResult, TailKeyBoundary
 from ._store.fake import FakeStore
 from ._store.mooncake import MooncakeStore
@@ -102,29 +103,21 @@ __version__ = "0.1.0"
 
 
 
-def _present_as_public(obj: object) -> None:
-    """Classes and functions show as ``aio_mclookup.X`` (in reprs, docs and tracebacks), not
-    as the private module that defines them."""
-    if callable(obj) and getattr(obj, "__module__", "").startswith("aio_mclookup._"):
-        obj.__module__ = "aio_mclookup"
+if not _typing.TYPE_CHECKING:  # (mypy sees the imports above: a misspelt name stays an error)
 
-
-def __getattr__(name: str) -> object:
-    """Import a name of :data:`_ON_FIRST_USE` on first read (PEP 562)."""
-    module = _ON_FIRST_USE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'aio_mclookup' has no attribute {name!r}")
-    obj = getattr(_importlib.import_module(module, __name__), name)
-    _present_as_public(obj)
-    globals()[name] = obj
-    return obj
+    def __getattr__(name: str) -> object:
+        """Import a name of :data:`_ON_FIRST_USE` on first read (PEP 562); its module presents
+        it as ``aio_mclookup.X`` itself (``_public``)."""
+        module = _ON_FIRST_USE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'aio_mclookup' has no attribute {name!r}")
+        obj = getattr(_importlib.import_module(module, __name__), name)
+        globals()[name] = obj
+        return obj
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-for _name in __all__:
-    if _name not in _ON_FIRST_USE:
-        _present_as_public(globals()[_name])
-del _name
+_present_as_public(*(globals()[name] for name in __all__ if name not in _ON_FIRST_USE))

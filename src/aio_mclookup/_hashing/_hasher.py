@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._errors import InvalidRequest
+from .._public import present_as_public
 from . import _inputs, _payload
 from ._algos import Algo, get_algo
 from ._extras import ExtraInputs, block_extras
@@ -369,3 +370,6 @@ class BlockHasher:
 def _none_slot(width: int, cbor: bool) -> bytes:
     """The encoding of an empty extra slot."""
     return _payload.extra_encoding(None, width, cbor)
+
+
+present_as_public(BlockHasher)

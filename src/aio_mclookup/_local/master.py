@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from .._errors import ClosedError, InvalidRequest, StoreError
+from .._public import present_as_public
 from .._store.pool import LOOPBACK, port_accepts
 
 __all__ = ["LocalMaster"]
@@ -450,3 +451,6 @@ class LocalMaster:
     def _kill_all_now(self) -> None:
         """SIGKILL and reap every child at once."""
         _reap(self._children)
+
+
+present_as_public(LocalMaster)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._errors import InvalidRequest, StoreError
+from .._public import present_as_public
 from .._store.codes import OBJECT_ALREADY_EXISTS, OBJECT_NOT_FOUND, raise_bad_codes
 from .._store.pool import LOOPBACK, ClientPool
 
@@ -118,3 +119,6 @@ class StoreWriter(ClientPool):
             raise_bad_codes("batch_remove", chunk, codes, (0, OBJECT_NOT_FOUND))
             removed += sum(1 for c in codes if c == 0)
         return removed
+
+
+present_as_public(StoreWriter)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, Union
 
+from .._public import present_as_public
 from .stats import CoordinatorStats, Histogram
 
 if TYPE_CHECKING:
@@ -273,3 +274,6 @@ def metric_family(
     for labels, value in samples:
         family.add_sample(name, dict(labels), float(value))
     return _render(pc, _Families([family])).splitlines()
+
+
+present_as_public(CoordinatorCollector, prometheus_text)

@@ -65,8 +65,9 @@ class EraCPlan(LookupPlan):
     @property
     def hash_ids(self) -> IntArray | None:
         """Ids of the request's hashes, equal exactly where hashes repeat (None: none do)."""
-        if self._hash_source is not None:
-            self._hash_ids = _hash_ids(self._hash_source)
+        source = self._hash_source  # (read once: another thread may clear it meanwhile)
+        if source is not None:
+            self._hash_ids = _hash_ids(source)
             self._hash_source = None
         return self._hash_ids
 
@@ -249,11 +250,8 @@ def _hash_ids(hashes: RequestHashes) -> IntArray | None:
         return duplicate_ids(hashes.array, [])
     items = hashes.items
     assert items is not None
-    try:
-        if len(set(items)) == len(items):  # (one C pass; bytes cache their hash)
-            return None
-    except TypeError:  # (unhashable bytes-likes: read below)
-        pass
+    if hashes.bytes_only and len(set(items)) == len(items):  # (a snapshot's: one C pass,
+        return None  # bytes cache their hash; other bytes-likes may hash or compare otherwise)
     try:
         joined = b"".join(items)
     except TypeError:  # (bytes-likes of other kinds)

@@ -27,6 +27,8 @@ class RequestHashes:
         self.array: npt.NDArray[np.uint8] | None = None
         self.items: Sequence[Any] | None = None
         self._duplicates: bool | None = None
+        self.bytes_only = False
+        """Known to be a sequence of ``bytes`` and nothing else (set by :meth:`snapshot`)."""
         if type(block_hashes) is list:  # the common case, without the ABC check below
             self.items = block_hashes
             self.count = len(block_hashes)
@@ -55,22 +57,22 @@ class RequestHashes:
 
     def snapshot(self) -> RequestHashes:
         """These hashes as they are now, safe to read later: the caller may reuse its list or
-        array once planning returns (a sequence is copied as a tuple, mutable bytes-likes as
-        bytes; an array unless it is a read-only view of immutable bytes)."""
+        array once planning returns (a sequence is copied as a tuple, every other bytes-like
+        as its bytes; an array unless it is a read-only view of immutable bytes)."""
         items = self.items
         if items is not None:
             if set(map(type, items)) <= {bytes}:  # (the usual case, checked in C)
-                return self if type(items) is tuple else RequestHashes(tuple(items))
-            return RequestHashes(
-                tuple(bytes(h) if isinstance(h, (bytearray, memoryview)) else h for h in items)
-            )
+                frozen = self if type(items) is tuple else RequestHashes(tuple(items))
+                frozen.bytes_only = True
+                return frozen
+            return RequestHashes(tuple(map(_frozen, items)))
         assert self.array is not None
         array = self.array
         if _immutable(array):
             return self
         copy = RequestHashes.__new__(RequestHashes)
         copy.array, copy.items, copy.count = array.copy(), None, self.count
-        copy._duplicates = self._duplicates
+        copy._duplicates, copy.bytes_only = self._duplicates, False
         return copy
 
     def has_duplicates(self) -> bool:
@@ -80,10 +82,10 @@ class RequestHashes:
                 self._duplicates = duplicate_ids(self.array, []) is not None
             else:
                 assert self.items is not None
-                try:
+                if self.bytes_only or set(map(type, self.items)) <= {bytes}:
                     distinct = len(set(self.items))
-                except TypeError:  # unhashable bytes-likes (bytearray)
-                    distinct = len({bytes(h) for h in self.items})
+                else:  # other bytes-likes: by their bytes (some cannot hash, some compare
+                    distinct = len({_frozen(h) for h in self.items})  # otherwise)
                 self._duplicates = distinct != self.count
         return self._duplicates
 
@@ -144,6 +146,17 @@ class RequestHashes:
         if len(joined) == n * width and list(map(len, items)).count(width) == n:  # one width
             return np.frombuffer(joined, dtype=np.uint8).reshape(n, width), []
         return None, [bytes(item) for item in items]
+
+
+def _frozen(item: object) -> object:
+    """A hash item as ``bytes`` when it is a buffer (a bytearray, a memoryview, a numpy row,
+    an ``array.array``), else as it is (the planner's checks refuse it where it is read)."""
+    if type(item) is bytes:
+        return item
+    try:
+        return memoryview(item).tobytes()  # type: ignore[arg-type]
+    except TypeError:
+        return item
 
 
 def _immutable(array: npt.NDArray[Any]) -> bool:
