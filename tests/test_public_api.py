@@ -53,6 +53,13 @@ def test_every_module_imports_alone() -> None:
         importlib.import_module(info.name)
 
 
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter (nothing imported yet)."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+
 def test_names_a_lookup_does_not_need_load_on_first_use() -> None:
     """``import aio_mclookup`` leaves out the hasher, the embedded master and Prometheus (and
     cbor2, which only the hasher needs) until one of them is read."""
@@ -64,9 +71,7 @@ def test_names_a_lookup_does_not_need_load_on_first_use() -> None:
         "m.BlockHasher; m.LocalMaster; m.prometheus_text\n"
         "print(sorted(n for n in lazy if n in sys.modules))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.split("\n")
+    out = _fresh_python(code).split("\n")
     assert out[0] == "[]"
     assert out[1] == str(
         ["aio_mclookup._hashing", "aio_mclookup._local", "aio_mclookup._observe.prometheus",
@@ -91,7 +96,4 @@ def test_names_loaded_on_first_use_look_public_whoever_imports_them_first() -> N
         "print(sorted({o.__module__ for o in (BlockHasher, LocalMaster, StoreWriter,\n"
         "      CoordinatorCollector, prometheus_text)}))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.strip()
-    assert out == "['aio_mclookup']"
+    assert _fresh_python(code).strip() == "['aio_mclookup']"
