@@ -250,8 +250,9 @@ def _hash_ids(hashes: RequestHashes) -> IntArray | None:
         return duplicate_ids(hashes.array, [])
     items = hashes.items
     assert items is not None
-    if hashes.bytes_only and len(set(items)) == len(items):  # (a snapshot's: one C pass,
-        return None  # bytes cache their hash; other bytes-likes may hash or compare otherwise)
+    # Known bytes (a snapshot's, checked when taken): one C pass, bytes cache their hash.
+    if hashes.bytes_only and len(set(items)) == len(items):
+        return None
     try:
         joined = b"".join(items)
     except TypeError:  # (bytes-likes of other kinds)

@@ -27,8 +27,8 @@ class RequestHashes:
         self.array: npt.NDArray[np.uint8] | None = None
         self.items: Sequence[Any] | None = None
         self._duplicates: bool | None = None
-        self.bytes_only = False
-        """Known to be a sequence of ``bytes`` and nothing else (set by :meth:`snapshot`)."""
+        self.bytes_only: bool | None = None
+        """Whether the items are all ``bytes`` (None: not checked yet, see :meth:`only_bytes`)."""
         if type(block_hashes) is list:  # the common case, without the ABC check below
             self.items = block_hashes
             self.count = len(block_hashes)
@@ -55,13 +55,21 @@ class RequestHashes:
             self.items = block_hashes
             self.count = len(block_hashes)
 
+    def only_bytes(self) -> bool:
+        """Whether the hashes are a sequence of ``bytes`` and nothing else (checked once, in
+        C): other bytes-likes may hash or compare otherwise than their bytes."""
+        if self.bytes_only is None:
+            items = self.items
+            self.bytes_only = items is not None and set(map(type, items)) <= {bytes}
+        return self.bytes_only
+
     def snapshot(self) -> RequestHashes:
         """These hashes as they are now, safe to read later: the caller may reuse its list or
         array once planning returns (a sequence is copied as a tuple, every other bytes-like
         as its bytes; an array unless it is a read-only view of immutable bytes)."""
         items = self.items
         if items is not None:
-            if set(map(type, items)) <= {bytes}:  # (the usual case, checked in C)
+            if self.only_bytes():  # (the usual case)
                 frozen = self if type(items) is tuple else RequestHashes(tuple(items))
                 frozen.bytes_only = True
                 return frozen
@@ -72,7 +80,7 @@ class RequestHashes:
             return self
         copy = RequestHashes.__new__(RequestHashes)
         copy.array, copy.items, copy.count = array.copy(), None, self.count
-        copy._duplicates, copy.bytes_only = self._duplicates, False
+        copy._duplicates, copy.bytes_only = self._duplicates, False  # (an array)
         return copy
 
     def has_duplicates(self) -> bool:
@@ -82,10 +90,10 @@ class RequestHashes:
                 self._duplicates = duplicate_ids(self.array, []) is not None
             else:
                 assert self.items is not None
-                if self.bytes_only or set(map(type, self.items)) <= {bytes}:
+                if self.only_bytes():
                     distinct = len(set(self.items))
-                else:  # other bytes-likes: by their bytes (some cannot hash, some compare
-                    distinct = len({_frozen(h) for h in self.items})  # otherwise)
+                else:  # other bytes-likes: by their bytes
+                    distinct = len({_frozen(h) for h in self.items})
                 self._duplicates = distinct != self.count
         return self._duplicates
 
