@@ -460,8 +460,17 @@ async def uvicorn_server(app: FastAPI) -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    # (keep-alive past uvicorn's 5 s: on a loaded machine a pooled connection can idle that
+    # long between requests, and one the server closes as the client reuses it fails)
     config = uvicorn.Config(
-        app, log_level="warning", loop="asyncio", http="h11", ws="none", lifespan="on", backlog=1024
+        app,
+        log_level="warning",
+        loop="asyncio",
+        http="h11",
+        ws="none",
+        lifespan="on",
+        backlog=1024,
+        timeout_keep_alive=120,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

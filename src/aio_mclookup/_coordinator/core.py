@@ -361,12 +361,12 @@ class CoordinatorCore:
         assert isinstance(present, np.ndarray)
         hits = just_answered = 0
         open_keys: Sequence[bytes] = keys
-        open_at: range | list[int] = range(len(keys))  # their positions in the round
+        open_subs: range | list[int] = range(base, base + len(keys))  # their subscribers
         if (cached and not cached.keys().isdisjoint(keys)) or (
             answering and not answering.keys().isdisjoint(keys)
         ):  # (a loop: half the cost of building arrays from these keys, at any round size)
-            open_keys, open_at = [], []
-            for pos, key in enumerate(keys):
+            open_keys, open_subs = [], []
+            for sub, key in zip(range(base, base + len(keys)), keys):
                 until = cached.get(key)
                 if until is not None:
                     hits += 1
@@ -376,41 +376,36 @@ class CoordinatorCore:
                         just_answered += 1
                 if until is None:
                     open_keys.append(key)
-                    open_at.append(pos)
+                    open_subs.append(sub)
                 else:
-                    present[pos] = until
+                    present[sub - base] = until
         fresh = shared = 0
         if open_keys and (
             (not in_flight or in_flight.keys().isdisjoint(open_keys))
             and (not queued or queued.keys().isdisjoint(open_keys))
         ):
             before = len(queued)
-            subscribers = (
-                range(base, base + len(open_keys))
-                if isinstance(open_at, range)
-                else list(map(base.__add__, open_at))
-            )
-            queued.update(zip(open_keys, subscribers))
+            queued.update(zip(open_keys, open_subs))
             fresh = len(queued) - before
             if fresh != len(open_keys):  # a key repeats in the round: one entry per position
                 for key in open_keys:
                     queued.pop(key, None)
                 fresh = 0
         if open_keys and not fresh:
-            for pos, key in zip(open_at, open_keys):
+            for sub, key in zip(open_subs, open_keys):
                 where = in_flight
                 subs = in_flight.get(key)
                 if subs is None:
                     where = queued
                     subs = queued.get(key)
                     if subs is None:
-                        queued[key] = base | pos
+                        queued[key] = sub
                         fresh += 1
                         continue
                 if isinstance(subs, int):
-                    where[key] = [subs, base | pos]
+                    where[key] = [subs, sub]
                 else:
-                    subs.append(base | pos)
+                    subs.append(sub)
                 shared += 1
         return fresh, hits, shared, just_answered, open_keys
 

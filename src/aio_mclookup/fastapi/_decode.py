@@ -33,6 +33,7 @@ from ._models import (
     Loc,
     LookupRequest,
 )
+from ._scan import scan_hex_lookup
 
 
 def _kind(value: object) -> str:
@@ -272,6 +273,29 @@ class _Decoder:
             decoded = _decode_hex(hashes, loc, self.max_hashes)
         else:
             decoded = _decode_b64(raw, loc, self.max_hashes)
+        return self._counted(token_len, num_tokens, decoded, form, loc, layout)
+
+    def scanned(self, body: bytes, loc: Loc, layout: KVLayout) -> _Item | None:
+        """The :class:`_Item` of a body :func:`scan_hex_lookup` reads (the same one
+        :meth:`item` makes of its parse), or None: parse it."""
+        found = scan_hex_lookup(body)
+        if found is None or len(found[2]) > self.max_hashes:  # (item() says how many)
+            return None
+        name, value, rows = found
+        count = _int_field({name: value}, name, loc, 0, _MAX_TOKENS)
+        token_len, num_tokens = (count, None) if name == "token_len" else (None, count)
+        return self._counted(token_len, num_tokens, rows, "block_hashes", loc, layout)
+
+    @staticmethod
+    def _counted(
+        token_len: int | None,
+        num_tokens: int | None,
+        decoded: HashInput,
+        form: str,
+        loc: Loc,
+        layout: KVLayout,
+    ) -> _Item:
+        """The item of ``decoded`` hashes, with the body's ``token_len`` or ``num_tokens``."""
         if token_len is None:
             if num_tokens is None:
                 raise _invalid([*loc, "num_tokens"], "give num_tokens (or token_len)")

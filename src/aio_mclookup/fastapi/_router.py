@@ -322,8 +322,11 @@ def create_router(
             return _HIT.pack(hit), OCTET_STREAM
         if media != "application/json":
             raise unsupported(media)
-        item = decoder.item(_parse_json(body), ["body"], scope, coordinator.layout)
-        (hit,) = await _lookup_all(coordinator, [item], kwargs, batch=False)
+        layout = coordinator.layout
+        found = decoder.scanned(body, ["body"], layout)
+        if found is None:  # not the common shape: parse it
+            found = decoder.item(_parse_json(body), ["body"], scope, layout)
+        (hit,) = await _lookup_all(coordinator, [found], kwargs, batch=False)
         return b'{"hit_tokens":%d}' % hit, "application/json"
 
     async def run_batch(
