@@ -73,7 +73,7 @@ case "$command" in
         .venv/bin/python benchmarks/bench_coalesce.py
         .venv/bin/python benchmarks/bench_knobs.py
         .venv/bin/python benchmarks/bench_loadgen.py
-        .venv/bin/python benchmarks/bench_http.py --reps 3
+        .venv/bin/python benchmarks/bench_http.py --reps 5
         .venv/bin/python benchmarks/bench_hash.py
         .venv/bin/python benchmarks/bench_plan.py --vllm 0.33
         ensure_vllm_env

@@ -278,8 +278,8 @@ class _Decoder:
     def scanned(self, body: bytes, loc: Loc, layout: KVLayout) -> _Item | None:
         """The :class:`_Item` of a body :func:`scan_hex_lookup` reads (the same one
         :meth:`item` makes of its parse), or None: parse it."""
-        found = scan_hex_lookup(body)
-        if found is None or len(found[2]) > self.max_hashes:  # (item() says how many)
+        found = scan_hex_lookup(body, self.max_hashes)  # (over the limit: item() says so)
+        if found is None:
             return None
         name, value, rows = found
         count = _int_field({name: value}, name, loc, 0, _MAX_TOKENS)
