@@ -250,8 +250,8 @@ def _hash_ids(hashes: RequestHashes) -> IntArray | None:
         return duplicate_ids(hashes.array, [])
     items = hashes.items
     assert items is not None
-    # Known bytes (a snapshot's, checked when taken): one C pass, bytes cache their hash.
-    if hashes.bytes_only and len(set(items)) == len(items):
+    # Known bytes (a snapshot's, checked when taken): the one C pass of has_duplicates().
+    if hashes.bytes_only and not hashes.has_duplicates():
         return None
     try:
         joined = b"".join(items)

@@ -53,8 +53,8 @@ _CACHES: dict[int, _TargetCache] = {}
 Python code on every plan); a finalizer drops the entry when the layout goes."""
 
 
-def _cache_of(layout: Geometry) -> _TargetCache:
-    """The layout's cache, created on first use."""
+def _new_cache(layout: Geometry) -> _TargetCache:
+    """A new, empty cache for the layout, dropped when the layout goes."""
     key = id(layout)
     cache = _CACHES[key] = _TargetCache()
     weakref.finalize(layout, _CACHES.pop, key, None)
@@ -67,7 +67,7 @@ def probe_targets(
     """Every group's :class:`ProbeTarget` (cached per layout: request lengths repeat)."""
     cache = _CACHES.get(id(layout))
     if cache is None:
-        cache = _cache_of(layout)
+        cache = _new_cache(layout)
     entries = cache.entries
     key = (token_len, limits)
     targets = entries.get(key)
