@@ -103,8 +103,7 @@ async def test_keys_are_deduplicated_across_callers() -> None:
         stats = coord.stats()
     assert hits == [512] * 10
     assert stats.keys_sent_total == 32 and stats.rpcs_total == 1
-    # every other caller's keys joined the first one's (a scout, asked again in a later round
-    # while no cache keeps it, joins again)
+    # every other caller's keys joined the first one's
     assert stats.dedup_hits_total >= 9 * 32
 
 
@@ -131,6 +130,30 @@ async def test_rounds_send_fewer_keys_with_the_same_answer() -> None:
         all_keys = coord.stats().keys_sent_total
     assert all_keys == HYBRID.plan(384, hashes).num_keys
     assert with_rounds < all_keys
+
+
+@pytest.mark.parametrize("cache_ttl", [None, 5.0])
+@pytest.mark.parametrize("namespaces", [1, 4])
+async def test_a_cold_burst_asks_no_key_twice(cache_ttl: float | None, namespaces: int) -> None:
+    """Distinct prompts all at once on a busy store are probed in rounds with scouts; a
+    present scout is filled in from the round that found it, not asked again (with or without
+    the cache), and every hit is the one vLLM computes from all keys."""
+    layout = KVLayout([mcl.FullAttention(16)], model="org/chat", hash_block_size=16,
+                      scheduler_block_size=16, tp_size=namespaces, num_kv_heads=namespaces)
+    rng = random.Random(11)
+    prompts = [chain(200, b"burst-%d" % i) for i in range(40)]
+    stored = []
+    for hashes in prompts:
+        cut = rng.randrange(0, 201)
+        stored += layout.plan(16 * 200, hashes).keys[: cut * namespaces]
+    store = FakeStore(stored, delay=0.002)
+    async with LookupCoordinator(layout, store, cache_ttl=cache_ttl) as coord:
+        hits = await asyncio.gather(*(coord.lookup(16 * 200, h) for h in prompts))
+        stats = coord.stats()
+    assert hits == [expected(layout, store, 16 * 200, h) for h in prompts]
+    sent = [key for call in store.calls for key in call]
+    assert len(sent) == len(set(sent))
+    assert stats.rounds_total > 2 * len(prompts)  # (probed in rounds: scouts went out)
 
 
 @pytest.mark.parametrize("miss_at", [0, 3, 5, 9, None])

@@ -486,9 +486,10 @@ def test_prefix_probing_scouts_bound_the_first_miss(namespaces: int) -> None:
 
 def test_prefix_probing_with_scouts_matches_resolve_on_random_answers() -> None:
     """Whatever the answers (scouts and windows answered in any pattern), rounds reach
-    resolve's hit; a key is probed again only after a scout found it present (the
-    coordinator's cache then answers it)."""
+    resolve's hit, and no key is asked twice: a later window that covers a present scout
+    hands its recorded answers back (``answered_ahead``) instead."""
     rng = random.Random(5)
+    handed_back = 0
     for _ in range(300):
         k = rng.choice([1, 2])
         n = rng.randrange(1, 70)
@@ -497,14 +498,34 @@ def test_prefix_probing_with_scouts_matches_resolve_on_random_answers() -> None:
         if rng.random() < 0.5:  # chat-like: a present prefix, then absent
             cut = rng.randrange(0, plan.num_keys + 1)
             present[:cut], present[cut:] = True, False
+        answer = np.where(present, 1.0 + np.arange(plan.num_keys), 0.0)  # each its own mark
         state = ProbeState(plan)
         probed: set[int] = set()
         while len(idx := state.next_keys(window=rng.choice([1, 3, 8, 16, 40, None]))):
             got = np.asarray(idx).tolist()
-            assert all(present[i] for i in probed.intersection(got))
-            probed.update(got)
-            state.record(idx, present[got])
+            known_at, known_answers = state.answered_ahead
+            assert known_at == sorted(set(known_at))
+            assert known_answers == [answer[got[pos]] for pos in known_at]  # as recorded
+            assert all(got[pos] in probed for pos in known_at)
+            asked = [i for pos, i in enumerate(got) if pos not in set(known_at)]
+            assert probed.isdisjoint(asked)
+            probed.update(asked)
+            handed_back += len(known_at)
+            state.record(idx, answer[got])
         assert state.hit == plan.resolve(present.astype(int))
+    assert handed_back > 100  # (the case is exercised)
+
+
+def test_present_scouts_past_the_prefix_count_when_answers_come_out_of_order() -> None:
+    """Leaving prefix mode keeps what the scouts found present."""
+    plan = _full16().plan(16 * 100, _hashes(100))
+    state = ProbeState(plan)
+    idx = state.next_keys(window=8)  # chunks 0-7, scouts 11, 15, 19, 23
+    state.record(idx, [1.0] * len(idx))
+    state.record(np.array([40]), [1.0])  # out of order: per-chunk arrays from here on
+    assert state.known_prefix is None
+    rest = np.asarray(state.next_keys()).tolist()
+    assert not {11, 15, 19, 23, 40} & set(rest) and rest[0] == 8
 
 
 def test_keys_at_hex_encodes_only_the_hashes_it_needs() -> None:

@@ -240,7 +240,12 @@ class CoordinatorCore:
                 count //= lookup.unit
             lookup.round_present = np.zeros(count) if count >= _WIDE else [0.0] * count
             lookup.waiting = count
-            if self._subscribe(lookup, _entries(lookup, wanted)):
+            known_at, known_answers = state.answered_ahead  # (per key)
+            if known_at and lookup.unit > 1:  # one entry per item: a chunk's keys
+                unit = lookup.unit
+                known_at = [pos // unit for pos in known_at[::unit]]
+                known_answers = known_answers[::unit]
+            if self._subscribe(lookup, _entries(lookup, wanted), known_at, known_answers):
                 return  # answers will arrive from the store
             self._record_round(lookup)
 
@@ -289,12 +294,24 @@ class CoordinatorCore:
                 miss,
             )
 
-    def _subscribe(self, lookup: LookupState, keys: Sequence[bytes]) -> bool:
-        """Answer what the cache knows, join shared probes, queue the rest.
+    def _subscribe(
+        self,
+        lookup: LookupState,
+        keys: Sequence[bytes],
+        known_at: Sequence[int] = (),
+        known_answers: Sequence[Any] = (),
+    ) -> bool:
+        """Fill in the entries the probe state knows (positions ``known_at``, ascending, with
+        their answers), answer what the cache knows, join shared probes, queue the rest.
 
         Returns True when some answers are still to come.
         """
         stats = self.stats
+        if known_at:
+            present = lookup.round_present
+            for pos, answer in zip(known_at, known_answers):
+                present[pos] = answer
+            lookup.waiting -= len(known_at)
         cached: Mapping[bytes, float] = _NOTHING_CACHED
         if self._cache:
             self._cache.expire(self._now)
@@ -304,23 +321,24 @@ class CoordinatorCore:
         in_flight = table.in_flight
         answering = table.answering
         base = lookup.ident << POS_BITS
+        keys, subs = _without(keys, known_at, base)
         if isinstance(lookup.round_present, np.ndarray):
             fresh, hits, shared, just_answered, keys = self._subscribe_wide(
-                lookup, keys, cached, base
+                lookup, keys, subs, cached
             )
         else:
             present = lookup.round_present
             fresh = hits = shared = just_answered = 0
-            for pos, key in enumerate(keys):
+            for sub, key in zip(subs, keys):
                 until = cached.get(key)
                 if until is not None:
-                    present[pos] = until
+                    present[sub - base] = until
                     hits += 1
                     continue
                 if answering:  # answered by the RPC whose answers are being fanned out
                     answer = answering.get(key)
                     if answer is not None:
-                        present[pos] = answer
+                        present[sub - base] = answer
                         just_answered += 1
                         continue
                 where = in_flight
@@ -329,13 +347,13 @@ class CoordinatorCore:
                     where = queued
                     subscribers = queued.get(key)
                     if subscribers is None:
-                        queued[key] = base | pos
+                        queued[key] = sub
                         fresh += 1
                         continue
                 if isinstance(subscribers, int):
-                    where[key] = [subscribers, base | pos]
+                    where[key] = [subscribers, sub]
                 else:
-                    subscribers.append(base | pos)
+                    subscribers.append(sub)
                 shared += 1
         unit = lookup.unit
         stats.dedup_hits_total += (shared + just_answered) * unit
@@ -348,25 +366,30 @@ class CoordinatorCore:
         return lookup.waiting > 0
 
     def _subscribe_wide(
-        self, lookup: LookupState, keys: Sequence[bytes], cached: Mapping[bytes, float], base: int
+        self,
+        lookup: LookupState,
+        keys: Sequence[bytes],
+        subs: range | list[int],
+        cached: Mapping[bytes, float],
     ) -> tuple[int, int, int, int, Sequence[bytes]]:
-        """:meth:`_subscribe` for a wide round (an array of answers): what the cache and the
-        RPC being fanned out know, read key by key only when they hold some of the keys; the
-        rest queued at once when nothing else wants them (a cold round), else one by one.
-        Returns the counts (fresh, cached, shared, just answered) and the entries still to
-        come."""
+        """:meth:`_subscribe` for a wide round (an array of answers), given its open entries
+        and their subscribers: what the cache and the RPC being fanned out know, read key by
+        key only when they hold some of the keys; the rest queued at once when nothing else
+        wants them (a cold round), else one by one. Returns the counts (fresh, cached, shared,
+        just answered) and the entries still to come."""
         table = self.table
         queued, in_flight, answering = table.queued, table.in_flight, table.answering
         present = lookup.round_present
         assert isinstance(present, np.ndarray)
+        base = lookup.ident << POS_BITS
         hits = just_answered = 0
         open_keys: Sequence[bytes] = keys
-        open_subs: range | list[int] = range(base, base + len(keys))  # their subscribers
+        open_subs = subs
         if (cached and not cached.keys().isdisjoint(keys)) or (
             answering and not answering.keys().isdisjoint(keys)
         ):  # (a loop: half the cost of building arrays from these keys, at any round size)
             open_keys, open_subs = [], []
-            for sub, key in zip(range(base, base + len(keys)), keys):
+            for sub, key in zip(subs, keys):
                 until = cached.get(key)
                 if until is not None:
                     hits += 1
@@ -394,18 +417,18 @@ class CoordinatorCore:
         if open_keys and not fresh:
             for sub, key in zip(open_subs, open_keys):
                 where = in_flight
-                subs = in_flight.get(key)
-                if subs is None:
+                others = in_flight.get(key)
+                if others is None:
                     where = queued
-                    subs = queued.get(key)
-                    if subs is None:
+                    others = queued.get(key)
+                    if others is None:
                         queued[key] = sub
                         fresh += 1
                         continue
-                if isinstance(subs, int):
-                    where[key] = [subs, sub]
+                if isinstance(others, int):
+                    where[key] = [others, sub]
                 else:
-                    subs.append(sub)
+                    others.append(sub)
                 shared += 1
         return fresh, hits, shared, just_answered, open_keys
 
@@ -799,6 +822,23 @@ def _expand(entries: tuple[bytes, ...]) -> tuple[bytes, ...]:
     sizes = np.maximum(counts, 1)
     batch.starts = np.cumsum(sizes) - sizes
     return batch
+
+
+def _without(
+    keys: Sequence[bytes], skip: Sequence[int], base: int
+) -> tuple[Sequence[bytes], range | list[int]]:
+    """``keys`` but those at the ascending positions ``skip``, and the subscribers (``base``
+    plus position) of those left, in slices (``skip`` holds a few scouts at most)."""
+    if not skip:
+        return keys, range(base, base + len(keys))
+    open_keys: list[bytes] = []
+    open_subs: list[int] = []
+    start = 0
+    for pos in (*skip, len(keys)):
+        open_keys += keys[start:pos]
+        open_subs += range(base + start, base + pos)
+        start = pos + 1
+    return open_keys, open_subs
 
 
 def _entries(lookup: LookupState, indices: KeyIndices) -> list[bytes]:

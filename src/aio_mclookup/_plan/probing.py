@@ -39,12 +39,13 @@ class ProbeState:
     a window of :data:`SCOUT_WINDOW` chunks or more also probes four *scouts*, the last chunk
     of each quarter of the next, twice as wide window. An absent scout bounds the first miss,
     so the next window stops there instead of running far past it (those keys would be
-    wasted); a present scout is answered again from the coordinator's cache.
+    wasted); a present scout is remembered with its answers, and a later window that covers
+    it takes them from :attr:`answered_ahead` instead of probing it again.
     """
 
     __slots__ = (
-        "_all_at_once", "_answered", "_bound", "_flat", "_prefix", "_present", "_result",
-        "_scouted", "_scouted_run", "hit", "plan", "rounds",
+        "_ahead", "_all_at_once", "_answered", "_bound", "_flat", "_prefix", "_present",
+        "_result", "_scouted", "_scouted_run", "answered_ahead", "hit", "plan", "rounds",
     )
 
     def __init__(self, plan: LookupPlan, rounds: bool = True) -> None:
@@ -60,6 +61,13 @@ class ProbeState:
         """Prefix mode: the last key indices with scouts handed out, whose first
         ``_scouted_run`` are the window (so that :meth:`record` need not look for the end)."""
         self._scouted_run = 0
+        self._ahead: list[tuple[int, list[Any]]] = []
+        """Prefix mode: the chunks past the prefix that scouts found present (ascending), each
+        with its keys' answers as recorded."""
+        self.answered_ahead: tuple[list[int], list[Any]] = ([], [])
+        """Positions in the last :meth:`next_keys` result whose keys are known present already
+        (scouts of an earlier round), and their answers as recorded: the caller fills them in
+        instead of probing them, and passes them back to :meth:`record` with the rest."""
         self._answered: tuple[BoolArray, ...] = ()  # per group (tuples: no GC tracking)
         self._present: tuple[BoolArray, ...] = ()
         self._result: LookupResult | None = None
@@ -183,15 +191,37 @@ class ProbeState:
         k = len(self.plan.geometry.namespaces)
         offset = probe.key_offset
         chunks = range(offset + start * k, offset + stop * k)
+        if self._ahead:
+            self._take_ahead(start, stop, k)
+        elif self.answered_ahead[0]:
+            self.answered_ahead = ([], [])
         if window is None or window < SCOUT_WINDOW or stop >= bound:
             return chunks
         quarter = window // 2  # of the next window, twice as wide
         keys = list(chunks)
+        known = {chunk for chunk, _ in self._ahead}
         for chunk in range(stop + quarter - 1, min(bound, stop + SCOUTS * quarter), quarter):
-            keys.extend(range(offset + chunk * k, offset + (chunk + 1) * k))
+            if chunk not in known:
+                keys.extend(range(offset + chunk * k, offset + (chunk + 1) * k))
         self._scouted = np.array(keys, dtype=np.int64)
         self._scouted_run = len(chunks)
         return self._scouted
+
+    def _take_ahead(self, start: int, stop: int, k: int) -> None:
+        """Prefix mode: hand out the present scouts' answers within the window ``start`` to
+        ``stop`` (chunks) as :attr:`answered_ahead`; forget those it passed."""
+        positions: list[int] = []
+        answers: list[Any] = []
+        later = []
+        for chunk, values in self._ahead:
+            if chunk >= stop:
+                later.append((chunk, values))
+            elif chunk >= start:
+                first = (chunk - start) * k
+                positions.extend(range(first, first + k))
+                answers.extend(values)
+        self._ahead = later
+        self.answered_ahead = (positions, answers)
 
     def record(
         self, key_indices: KeyIndices, present: Sequence[object] | npt.NDArray[Any]
@@ -278,8 +308,16 @@ class ProbeState:
         offset: int,
         k: int,
     ) -> None:
-        """Prefix mode: lower the bound to the first chunk a scout found absent."""
+        """Prefix mode: remember the chunks the scouts found present before the first absent
+        one, and lower the bound to that one."""
         miss = first_false(present)
+        end = len(present) if miss is None else miss - miss % k  # (whole chunks before it)
+        if end:
+            answers = present.tolist() if isinstance(present, np.ndarray) else list(present)
+            for at in range(0, end, k):
+                chunk = (int(key_indices[at]) - offset) // k
+                self._ahead.append((chunk, answers[at : at + k]))
+            self._ahead.sort(key=_first)
         if miss is not None:
             self._bound = min(self._bound, (int(key_indices[miss]) - offset) // k)
 
@@ -292,9 +330,17 @@ class ProbeState:
         present = answered.copy()
         if self._bound < size:  # known absent
             answered[self._bound] = True
+        for chunk, _ in self._ahead:  # known present
+            if chunk < size:
+                answered[chunk] = present[chunk] = True
+        self._ahead = []
         self._answered = (answered,)
         self._present = (present,)
         self._prefix = None
+
+
+def _first(entry: tuple[int, list[Any]]) -> int:
+    return entry[0]
 
 
 def _leading(present: BoolArray) -> int:
