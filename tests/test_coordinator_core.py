@@ -21,7 +21,13 @@ from aio_mclookup import (
     SlidingWindow,
     StoreError,
 )
-from aio_mclookup._coordinator.core import CoordinatorCore, LookupState
+from aio_mclookup._coordinator.core import (
+    Batch,
+    CoordinatorCore,
+    LookupState,
+    _expand,
+    _uniform_items,
+)
 from aio_mclookup._observe.stats import CoordinatorStats
 from aio_mclookup._plan.plan import LookupPlan
 
@@ -283,3 +289,66 @@ def test_plain_keys_and_chunk_items_share_an_rpc() -> None:
     sent = answer_all(core, present)
     assert len(sent[0]) == 8 + 4 * 8  # one RPC: the plain keys and the chunks' keys
     assert [lk.hit for lk in lookups] == [expected(lk.plan, present) for lk in lookups] == [80, 96]
+
+
+def test_plain_keys_holding_the_item_end_share_an_rpc_with_items() -> None:
+    """A layout whose cache prefix holds a newline (the byte that ends an item's keys) makes
+    no items; its plain keys go out whole beside another layout's items."""
+    newline = KVLayout([FullAttention(16)], model="core-nl", cache_prefix="a\nb",
+                       hash_block_size=16, scheduler_block_size=16, vllm_version="0.26")
+    one, four = chain(8, b"one"), chain(8, b"tp4")
+    assert all(b"\n" in key for key in newline.plan(128, one).keys)
+    present = set(newline.plan(128, one).keys[:5]) | set(TP4.plan(128, four).keys[: 4 * 6])
+    core = core_of(cache_ttl=5.0, max_rpcs_in_flight=1)
+    lookups = [
+        core.begin(newline.plan(128, one), now=0.0), core.begin(TP4.plan(128, four), now=0.0)
+    ]
+    sent = answer_all(core, present)
+    assert set(sent[0]) == set(newline.plan(128, one).keys) | set(TP4.plan(128, four).keys)
+    assert [lk.hit for lk in lookups] == [expected(lk.plan, present) for lk in lookups] == [80, 96]
+
+
+def _item(keys: Sequence[bytes]) -> bytes:
+    return b"".join(key + b"\n" for key in keys)
+
+
+def test_an_rpcs_keys_come_out_of_its_items_whatever_their_shapes() -> None:
+    """Entries of one shape (k keys of one width) are split by a reshape; any other mix (items
+    of other shapes and the same length, plain keys, which may hold the item end) is split by
+    the search for item ends, with the same keys and item starts."""
+    rng = np.random.default_rng(8)
+
+    def key(width: int) -> bytes:
+        return bytes(rng.choice(list(b"0123456789abcdef@"), size=width).tolist())
+
+    # (keys per item, key width): 4 x 23, 2 x 47 and 8 x 11 items all have 96 bytes.
+    shapes = [(4, 23), (2, 47), (8, 11), (3, 31)]
+    fast = 0
+    for _ in range(400):
+        kinds = rng.choice(4, size=int(rng.integers(1, 12)))
+        mix = rng.random() < 0.5
+        entries = []
+        for kind in kinds:
+            k, width = shapes[int(kind) if mix else int(kinds[0])]
+            if mix and rng.random() < 0.2:  # a plain key, of an item's length, maybe with
+                plain = bytearray(key(k * (width + 1)))  # item ends inside
+                for at in rng.choice(len(plain) - 1, size=int(rng.integers(0, 3))):
+                    plain[at] = ord("\n")
+                entries.append(bytes(plain))
+            else:
+                entries.append(_item([key(width) for _ in range(k)]))
+        batch = tuple(entries)
+        want, starts = [], []
+        for entry in batch:
+            starts.append(len(want))
+            want.extend(entry.split(b"\n")[:-1] if entry.endswith(b"\n") else [entry])
+        got = _expand(batch)
+        if got == batch:  # (no items: the keys stay)
+            assert want == list(batch)
+            continue
+        assert isinstance(got, Batch) and list(got) == want
+        assert got.items == batch and got.starts.tolist() == starts
+        fast += _uniform_items(batch, b"".join(batch)) is not None
+    assert fast > 50  # (the reshape path is exercised)
+    same_length = (_item([b"a" * 23] * 4), _item([b"b" * 47] * 2))
+    assert _uniform_items(same_length, b"".join(same_length)) is None

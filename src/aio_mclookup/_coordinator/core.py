@@ -800,27 +800,55 @@ class Batch(tuple[bytes, ...]):
 
 def _expand(entries: tuple[bytes, ...]) -> tuple[bytes, ...]:
     """An RPC's keys from its key-table entries: items (see :func:`assemble_items`) become
-    their keys (a :class:`Batch`); plain keys stay."""
+    their keys (a :class:`Batch`); plain keys stay. An entry is an item when it ends with
+    :data:`ITEM_END` (no plain key does; a plain key may hold it elsewhere)."""
     joined = b"".join(entries)
-    ends = np.cumsum(np.fromiter(map(len, entries), np.intp, len(entries)))
-    marks = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == ITEM_END[0])
-    counts = np.diff(np.searchsorted(marks, ends), prepend=0)  # keys per item, 0 per key
-    if not counts.any():
+    uniform = _uniform_items(entries, joined)
+    if uniform is not None:
+        return uniform
+    keys: list[bytes] = []
+    starts = []
+    items = False
+    for entry in entries:  # (a batch of several layouts)
+        starts.append(len(keys))
+        if entry.endswith(ITEM_END):
+            keys += entry.split(ITEM_END)
+            keys.pop()  # (after its last key)
+            items = True
+        else:
+            keys.append(entry)
+    if not items:
         return entries
-    if counts.all():
-        keys = joined.split(ITEM_END)
-        keys.pop()  # (after the last item's last key)
-    else:
-        keys = []
-        for entry, count in zip(entries, counts.tolist()):
-            if count:
-                keys.extend(entry.split(ITEM_END)[:-1])
-            else:
-                keys.append(entry)
     batch = Batch(keys)
     batch.items = entries
-    sizes = np.maximum(counts, 1)
-    batch.starts = np.cumsum(sizes) - sizes
+    batch.starts = np.array(starts, dtype=np.intp)
+    return batch
+
+
+def _uniform_items(entries: tuple[bytes, ...], joined: bytes) -> Batch | None:
+    """:func:`_expand` when every entry is an item of one shape (the usual batch: one layout),
+    by a reshape instead of a search for the item ends; None for any other batch.
+
+    The checks are exact: no key of an item holds :data:`ITEM_END` and no plain key ends with
+    it, so rows that end every key of the first row's width with it, and have none before
+    that width, are items of the first row's keys' width and count."""
+    count = len(entries)
+    length = len(entries[0]) if count else 0
+    if not length or len(joined) != count * length or entries[0][-1] != ITEM_END[0]:
+        return None
+    width = entries[0].index(ITEM_END)
+    keys_per_item, rest = divmod(length, width + 1)
+    if rest or keys_per_item < 2 or not width:
+        return None
+    rows = np.frombuffer(joined, dtype=np.uint8).reshape(count, length)
+    if (rows[:, :width] == ITEM_END[0]).any() or not (
+        rows[:, width :: width + 1] == ITEM_END[0]
+    ).all():
+        return None
+    keys = rows.reshape(count * keys_per_item, width + 1)[:, :width].copy()
+    batch = Batch(keys.view(f"S{width}").ravel().tolist())  # (keys never end in a NUL)
+    batch.items = entries
+    batch.starts = np.arange(0, count * keys_per_item, keys_per_item)
     return batch
 
 

@@ -22,8 +22,9 @@ _FEW_KEYS = 48  # fewer keys than this are built by concatenation: faster than t
 _SPLIT_KEYS = 96  # likewise, where one split builds them (one namespace; see _concatenate)
 _FEW_ITEMS = 4  # fewer items than this are built by concatenation
 ITEM_END = b"\n"
-"""Ends every key of a chunk item (:func:`assemble_items`): a byte no key contains (layouts
-whose prefixes hold it make no items), and no key ends with (keys end in hex or ``@``)."""
+"""Ends every key of a chunk item (:func:`assemble_items`): a byte no item's key contains
+(layouts whose prefixes hold it make no items, though their plain keys hold it), and no key
+ends with (keys end in hex or ``@``)."""
 
 
 def build_key_array(
