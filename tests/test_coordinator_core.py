@@ -321,8 +321,9 @@ def test_an_rpcs_keys_come_out_of_its_items_whatever_their_shapes() -> None:
     def key(width: int) -> bytes:
         return bytes(rng.choice(list(b"0123456789abcdef@"), size=width).tolist())
 
-    # (keys per item, key width): 4 x 23, 2 x 47 and 8 x 11 items all have 96 bytes.
-    shapes = [(4, 23), (2, 47), (8, 11), (3, 31)]
+    # (keys per item, key width): 4 x 23, 2 x 47 and 8 x 11 items all have 96 bytes; items
+    # of 2 and 8 keys of 23 (one model at other tp sizes) can add up to whole 96-byte rows.
+    shapes = [(4, 23), (2, 47), (8, 11), (3, 31), (2, 23), (8, 23)]
     fast = 0
     for _ in range(400):
         kinds = rng.choice(4, size=int(rng.integers(1, 12)))
@@ -352,3 +353,6 @@ def test_an_rpcs_keys_come_out_of_its_items_whatever_their_shapes() -> None:
     assert fast > 50  # (the reshape path is exercised)
     same_length = (_item([b"a" * 23] * 4), _item([b"b" * 47] * 2))
     assert _uniform_items(same_length, b"".join(same_length)) is None
+    same_total = tuple(_item([b"c" * 23] * k) for k in (4, 2, 8, 2))  # 4 x 96 bytes
+    assert _uniform_items(same_total, b"".join(same_total)) is None
+    assert _expand(same_total).starts.tolist() == [0, 4, 6, 14]  # type: ignore[attr-defined]

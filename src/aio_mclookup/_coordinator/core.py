@@ -241,7 +241,8 @@ class CoordinatorCore:
             lookup.round_present = np.zeros(count) if count >= _WIDE else [0.0] * count
             lookup.waiting = count
             known_at, known_answers = state.answered_ahead  # (per key)
-            if known_at and lookup.unit > 1:  # one entry per item: a chunk's keys
+            if known_at and lookup.unit > 1:  # one entry per item: a chunk's keys (one
+                # group: unit is its namespaces, and positions come a whole chunk at a time)
                 unit = lookup.unit
                 known_at = [pos // unit for pos in known_at[::unit]]
                 known_answers = known_answers[::unit]
@@ -829,12 +830,13 @@ def _uniform_items(entries: tuple[bytes, ...], joined: bytes) -> Batch | None:
     """:func:`_expand` when every entry is an item of one shape (the usual batch: one layout),
     by a reshape instead of a search for the item ends; None for any other batch.
 
-    The checks are exact: no key of an item holds :data:`ITEM_END` and no plain key ends with
-    it, so rows that end every key of the first row's width with it, and have none before
-    that width, are items of the first row's keys' width and count."""
+    The checks are exact: every entry has the first one's length (so each row is one entry);
+    no key of an item holds :data:`ITEM_END` and no plain key ends with it, so rows that end
+    every key of the first row's width with it, and have none before that width, are items
+    of the first row's keys' width and count."""
     count = len(entries)
     length = len(entries[0]) if count else 0
-    if not length or len(joined) != count * length or entries[0][-1] != ITEM_END[0]:
+    if not length or entries[0][-1] != ITEM_END[0] or len(set(map(len, entries))) != 1:
         return None
     width = entries[0].index(ITEM_END)
     keys_per_item, rest = divmod(length, width + 1)

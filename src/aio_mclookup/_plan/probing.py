@@ -67,7 +67,8 @@ class ProbeState:
         self.answered_ahead: tuple[list[int], list[Any]] = ([], [])
         """Positions in the last :meth:`next_keys` result whose keys are known present already
         (scouts of an earlier round), and their answers as recorded: the caller fills them in
-        instead of probing them, and passes them back to :meth:`record` with the rest."""
+        instead of probing them, and passes them back to :meth:`record` with the rest. Each
+        is handed out once (a round that is never recorded probes them again)."""
         self._answered: tuple[BoolArray, ...] = ()  # per group (tuples: no GC tracking)
         self._present: tuple[BoolArray, ...] = ()
         self._result: LookupResult | None = None
@@ -120,6 +121,8 @@ class ProbeState:
         probed this round (the lowest first): fewer keys per round, more rounds.
         """
         plan = self.plan
+        if self.answered_ahead[0]:
+            self.answered_ahead = ([], [])
         if self.hit is not None:
             return EMPTY
         if not plan.num_keys:  # vLLM answers 0 without an RPC
@@ -193,8 +196,6 @@ class ProbeState:
         chunks = range(offset + start * k, offset + stop * k)
         if self._ahead:
             self._take_ahead(start, stop, k)
-        elif self.answered_ahead[0]:
-            self.answered_ahead = ([], [])
         if window is None or window < SCOUT_WINDOW or stop >= bound:
             return chunks
         quarter = window // 2  # of the next window, twice as wide
