@@ -1,7 +1,9 @@
 """A bounded soak against a real master with faults: 64 concurrent callers for about a minute
 while the master is stopped (SIGSTOP) twice and killed and restarted once.
 
-Every answer that arrives is exact for what the store holds at the time; failures are typed
+Every answer that arrives is exact for what the store holds at the time: one that differs
+from what was written counts as wrong unless the store's own answers, asked right after, give
+the same lower hit (keys gone from the store: counted, and bounded); failures are typed
 (StoreError, LookupTimeout) and bounded in time; afterwards nothing is left behind (pending
 lookups, tasks, file descriptors). Runs in CI (``CI`` set) or with ``AIO_MCLOOKUP_SOAK=1``;
 skipped otherwise, to keep the local suite quick.
@@ -62,13 +64,13 @@ async def test_soak_with_master_faults() -> None:
         try:
             await writer.put_keys([k.decode() for keys in written for k in keys])
             tasks_before = len(asyncio.all_tasks())
-            answers = wrong = failed = 0
+            answers = wrong = failed = lost = 0
             slowest = 0.0
             stored = True  # false between the restart and the rewrite: nothing is present
             async with LookupCoordinator(LAYOUT, store, timeout=2.0, cache_ttl=1.0) as coord:
 
                 async def caller(seed: int, until: float) -> None:
-                    nonlocal answers, wrong, failed, slowest
+                    nonlocal answers, wrong, failed, lost, slowest
                     i = seed
                     while time.monotonic() < until:
                         i = (i * 7 + 3) % len(PROMPTS)
@@ -81,7 +83,16 @@ async def test_soak_with_master_faults() -> None:
                         else:
                             answers += 1
                             if expect_stored and stored and hit != want[i]:
-                                wrong += 1
+                                try:  # what the store holds now (a dropped key stays dropped)
+                                    truth = plans[i].resolve(await store.batch_is_exist(
+                                        plans[i].keys
+                                    ))
+                                except StoreError:
+                                    truth = None
+                                if hit == truth and truth < want[i]:
+                                    lost += 1
+                                else:
+                                    wrong += 1
                         slowest = max(slowest, time.perf_counter() - started)
                         await asyncio.sleep(0.001)
 
@@ -110,8 +121,8 @@ async def test_soak_with_master_faults() -> None:
                 until = start + 2 * PHASE_SECONDS
                 await asyncio.gather(faults(start), *(caller(s, until) for s in range(64)))
                 stats = coord.stats()
-            assert wrong == 0, f"{wrong} of {answers} answers were not vLLM's hit"
-            assert answers > 1000 and failed < answers
+            assert wrong == 0, f"{wrong} of {answers} answers were not vLLM's hit ({lost} lost)"
+            assert answers > 1000 and failed < answers and lost < answers // 2
             assert slowest < 2.5, f"a lookup took {slowest:.2f} s (timeout 2 s)"
             assert stats.pending_lookups == 0 and stats.rpcs_in_flight == 0
             await asyncio.sleep(0.1)
