@@ -803,8 +803,7 @@ def _expand(entries: tuple[bytes, ...]) -> tuple[bytes, ...]:
     """An RPC's keys from its key-table entries: items (see :func:`assemble_items`) become
     their keys (a :class:`Batch`); plain keys stay. An entry is an item when it ends with
     :data:`ITEM_END` (no plain key does; a plain key may hold it elsewhere)."""
-    joined = b"".join(entries)
-    uniform = _uniform_items(entries, joined)
+    uniform = _uniform_items(entries)
     if uniform is not None:
         return uniform
     keys: list[bytes] = []
@@ -826,7 +825,7 @@ def _expand(entries: tuple[bytes, ...]) -> tuple[bytes, ...]:
     return batch
 
 
-def _uniform_items(entries: tuple[bytes, ...], joined: bytes) -> Batch | None:
+def _uniform_items(entries: tuple[bytes, ...]) -> Batch | None:
     """:func:`_expand` when every entry is an item of one shape (the usual batch: one layout),
     by a reshape instead of a search for the item ends; None for any other batch.
 
@@ -842,7 +841,7 @@ def _uniform_items(entries: tuple[bytes, ...], joined: bytes) -> Batch | None:
     keys_per_item, rest = divmod(length, width + 1)
     if rest or keys_per_item < 2 or not width:
         return None
-    rows = np.frombuffer(joined, dtype=np.uint8).reshape(count, length)
+    rows = np.frombuffer(b"".join(entries), dtype=np.uint8).reshape(count, length)
     if (rows[:, :width] == ITEM_END[0]).any() or not (
         rows[:, width :: width + 1] == ITEM_END[0]
     ).all():

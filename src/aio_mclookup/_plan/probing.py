@@ -3,6 +3,7 @@ far (:class:`ProbeState`, pure: no I/O, no clock)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -318,7 +319,7 @@ class ProbeState:
             for at in range(0, end, k):
                 chunk = (int(key_indices[at]) - offset) // k
                 self._ahead.append((chunk, answers[at : at + k]))
-            self._ahead.sort(key=_first)
+            self._ahead.sort(key=operator.itemgetter(0))
         if miss is not None:
             self._bound = min(self._bound, (int(key_indices[miss]) - offset) // k)
 
@@ -338,10 +339,6 @@ class ProbeState:
         self._answered = (answered,)
         self._present = (present,)
         self._prefix = None
-
-
-def _first(entry: tuple[int, list[Any]]) -> int:
-    return entry[0]
 
 
 def _leading(present: BoolArray) -> int:
