@@ -272,6 +272,41 @@ class CallBackFakeStore(FakeStore):
         task.add_done_callback(self.pending.discard)
 
 
+class BeginCountingStore(CallBackFakeStore):
+    """CallBackFakeStore that notes, at every call, how many lookups had been started."""
+
+    def __init__(self, present: Sequence[bytes], started: list[int]) -> None:
+        super().__init__(present)
+        self.started = started
+        self.started_at_call: list[int] = []
+
+    def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
+        self.started_at_call.append(len(self.started))
+        super().batch_is_exist_then(keys, then)
+
+
+@pytest.mark.parametrize("linger", [0.0, 0.001])
+async def test_a_whole_rpc_goes_out_while_the_rest_of_a_burst_is_planned(linger: float) -> None:
+    docs = [chain(4, b"whole-%d" % i) for i in range(5)]
+    started: list[int] = []
+    store = BeginCountingStore([k for d in docs for k in FULL16.plan(64, d).keys], started)
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=8, linger=linger
+    ) as coord:
+
+        async def one(hashes: list[bytes]) -> int:
+            started.append(1)
+            return await coord.lookup(64, hashes)
+
+        assert await asyncio.gather(*(one(d) for d in docs)) == [64] * 5
+    sizes = [len(call) for call in store.calls]
+    if linger:  # the dispatcher waits for more work: everything planned first
+        assert store.started_at_call[:2] == [5, 5]
+    else:  # a whole RPC (two lookups' keys) at once, in the free slots
+        assert store.started_at_call[:2] == [2, 4]
+    assert sizes[:2] == [8, 8] and sum(sizes) == 20
+
+
 async def test_a_call_back_store_needs_no_rpc_task_and_gives_the_same_hits() -> None:
     doc = chain(64, b"call-back")
     store = CallBackFakeStore(FULL16.plan(1024, doc).keys, delay=0.02)

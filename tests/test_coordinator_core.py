@@ -205,6 +205,29 @@ def test_answers_of_the_wrong_length_fail_only_that_rpcs_lookups() -> None:
     assert isinstance(lookup.error, StoreError)
 
 
+def test_whole_only_takes_the_whole_rpcs_queued_and_leaves_the_rest() -> None:
+    core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=8, max_rpcs_in_flight=3)
+    core.begin(FULL16.plan(64, chain(4, b"w1")), now=0.0)
+    assert not core.whole_rpc_queued()
+    assert core.take_batches(0.0, whole_only=True) == ([], None)
+    for tag in (b"w2", b"w3", b"w4", b"w5"):
+        core.begin(FULL16.plan(64, chain(4, tag)), now=0.0)
+    assert core.whole_rpc_queued()
+    batches, _ = core.take_batches(0.0, whole_only=True)
+    assert [len(b) for b in batches] == [8, 8] and len(core.table.queued) == 4
+    assert not core.whole_rpc_queued()  # 4 keys left: not a whole RPC
+    batches, _ = core.take_batches(0.0)  # the dispatcher's turn: whatever is left
+    assert [len(b) for b in batches] == [4] and core.rpcs_in_flight == 3
+    core.begin(FULL16.plan(128, chain(8, b"w6")), now=0.0)
+    assert not core.whole_rpc_queued()  # a whole RPC queued, but no slot free
+
+
+def test_no_whole_rpc_is_sent_early_while_linger_waits_for_more() -> None:
+    core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=8, linger=0.001)
+    core.begin(FULL16.plan(128, chain(8, b"linger")), now=0.0)
+    assert len(core.table.queued) == 8 and not core.whole_rpc_queued()
+
+
 def test_a_cancelled_lookups_queued_keys_are_forgotten() -> None:
     core = core_of(cache_ttl=None, max_rpcs_in_flight=1, max_keys_per_rpc=4)
     core.begin(FULL16.plan(64, chain(4, b"busy")), now=0.0)

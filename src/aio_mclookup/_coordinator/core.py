@@ -622,10 +622,13 @@ class CoordinatorCore:
                 del queued[key]
 
     # ------------------------------------------------------------------------------ RPCs
-    def take_batches(self, now: float) -> tuple[list[tuple[bytes, ...]], float | None]:
+    def take_batches(
+        self, now: float, whole_only: bool = False
+    ) -> tuple[list[tuple[bytes, ...]], float | None]:
         """What to send now: queued keys in RPC-sized batches, as many as RPC slots are free
-        (counted in flight from here on). While the breaker is open, queued keys fail fast
-        instead, and the second value says when to try again."""
+        (counted in flight from here on); with ``whole_only``, only the RPCs the queued keys
+        fill (``max_keys_per_rpc`` each), the rest left queued. While the breaker is open,
+        queued keys fail fast instead, and the second value says when to try again."""
         self._now = now
         table = self.table
         if not table.queued:
@@ -640,6 +643,10 @@ class CoordinatorCore:
             return [], None
         unit = self._unit
         per_rpc = max(1, options.max_keys_per_rpc // unit)  # entries (keys, or items of unit)
+        if whole_only:
+            slots = min(slots, len(table.queued) // per_rpc)
+            if not slots:
+                return [], None
         entries = table.take(slots * per_rpc)
         # Split evenly over the free slots, each RPC at most max_keys_per_rpc keys.
         count = min(slots, -(-len(entries) // per_rpc))
@@ -657,6 +664,16 @@ class CoordinatorCore:
         stats.lookups_per_dispatch.observe(len(self._dispatch_lookups))
         self._dispatch_lookups.clear()
         return batches, None
+
+    def whole_rpc_queued(self) -> bool:
+        """An RPC slot is free and at least one whole RPC's keys are queued (with no
+        ``linger`` to wait out): :meth:`take_batches` with ``whole_only`` sends it."""
+        options = self.options
+        return (
+            not options.linger
+            and self.rpcs_in_flight < options.max_rpcs_in_flight
+            and len(self.table.queued) * self._unit >= options.max_keys_per_rpc
+        )
 
     def _fail_queued(self) -> None:
         """The store is failing: answer queued keys now instead of feeding it."""

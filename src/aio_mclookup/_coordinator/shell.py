@@ -314,11 +314,14 @@ class LookupCoordinator:
                 waiter.set_exception(lookup.error)
 
     def _after(self) -> None:
-        """After the core ran: wake settled callers, and the dispatcher for queued keys."""
+        """After the core ran: wake settled callers, send the whole RPCs queued (if slots are
+        free), and wake the dispatcher for the rest."""
         self._deliver()
         core = self._core
         if core.fresh_keys:
             core.fresh_keys = False
+            if core.whole_rpc_queued():  # the store works on it while more are planned
+                self._dispatch(whole_only=True)
             assert self._wake is not None
             self._wake.set()
 
@@ -399,13 +402,14 @@ class LookupCoordinator:
             except Exception:  # the dispatcher must outlive any bug in one dispatch
                 logger.exception("aio_mclookup: dispatch failed")
 
-    def _dispatch(self) -> None:
-        """Send what the core says to send; while the store is down, come back when the
-        breaker lets a probe through."""
+    def _dispatch(self, whole_only: bool = False) -> None:
+        """Send what the core says to send (``whole_only``: only whole RPCs, at once,
+        instead of everything on the dispatcher's next turn); while the store is down, come
+        back when the breaker lets a probe through."""
         loop = self._loop
         assert loop is not None and self._wake is not None
         now = time.monotonic()
-        batches, retry_at = self._core.take_batches(now)
+        batches, retry_at = self._core.take_batches(now, whole_only)
         if retry_at is not None:
             self._deliver()  # (queued keys failed fast)
             loop.call_at(loop.time() + (retry_at - now), self._wake.set)
@@ -472,6 +476,8 @@ class LookupCoordinator:
         core.settle_rpc(keys, sent_at, outcome, time.monotonic())
         self._deliver()
         core.fresh_keys = False
+        if core.whole_rpc_queued():  # the store works on it while another RPC fans out
+            self._dispatch(whole_only=True)
         assert self._wake is not None
         self._wake.set()  # a slot is free: queued keys may go out
 
