@@ -16,6 +16,8 @@ Environment:
   ``http://host:8080/metadata``): the Mooncake deployment. With no master given, the app starts
   a ``LocalMaster`` (a loopback ``mooncake_master`` and metadata server) for itself.
 * ``AIO_MCLOOKUP_TIMEOUT``: seconds one lookup may take (default 5).
+* ``AIO_MCLOOKUP_CACHE_TTL``: seconds a positive answer is reused (``none``: no cache; default:
+  the coordinator's, 5).
 * ``AIO_MCLOOKUP_HASH_ALGO`` (default ``sha256``) and ``AIO_MCLOOKUP_HASH_SEED`` (the engines'
   ``PYTHONHASHSEED``; default unset): how token-id bodies are hashed, with the layout's
   ``hash_block_size`` and ``vllm_version``. They must match the vLLM engines'
@@ -40,7 +42,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from aio_mclookup import BlockHasher, InvalidRequest, KVLayout, LocalMaster
+from aio_mclookup import BlockHasher, CoordinatorOptions, InvalidRequest, KVLayout, LocalMaster
 from aio_mclookup.fastapi import (
     HASHER_KEY,
     LookupFastPath,
@@ -87,12 +89,29 @@ def load_hasher(layout: KVLayout) -> BlockHasher | None:
         raise RuntimeError(f"AIO_MCLOOKUP_HASH_ALGO={algo or 'sha256'!r}: {exc}") from exc
 
 
+def load_cache_options() -> dict[str, float | None]:
+    """``cache_ttl`` from ``AIO_MCLOOKUP_CACHE_TTL`` (``none``: no cache), checked as the
+    coordinator checks it; nothing when it is unset (the coordinator's default)."""
+    raw = os.environ.get("AIO_MCLOOKUP_CACHE_TTL")
+    if raw is None:
+        return {}
+    try:
+        ttl = None if raw.strip().lower() == "none" else float(raw)
+        CoordinatorOptions(cache_ttl=ttl)
+    except (ValueError, InvalidRequest) as exc:
+        raise RuntimeError(
+            f"AIO_MCLOOKUP_CACHE_TTL={raw!r}: give seconds (> 0) or 'none' ({exc})"
+        ) from exc
+    return {"cache_ttl": ttl}
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     """Load the layout and the hasher, find (or start) a master, then run the coordinator."""
     layout = load_layout()
     hasher = load_hasher(layout)
     timeout = float(os.environ.get("AIO_MCLOOKUP_TIMEOUT", "5"))
+    cache = load_cache_options()
     async with contextlib.AsyncExitStack() as stack:
         master = os.environ.get("MOONCAKE_MASTER")
         metadata = os.environ.get("MOONCAKE_METADATA")
@@ -104,7 +123,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
             raise RuntimeError("MOONCAKE_METADATA must be set along with MOONCAKE_MASTER")
         state = await stack.enter_async_context(
             coordinator_lifespan(
-                layout, master_address=master, metadata_server=metadata, timeout=timeout
+                layout, master_address=master, metadata_server=metadata, timeout=timeout, **cache
             )(app)
         )
         log.info(

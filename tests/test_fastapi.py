@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -644,6 +645,38 @@ async def test_example_app_serves_hits_from_a_real_master(
     assert proc.returncode in (0, -signal.SIGTERM), log[-2000:]
     assert "Application shutdown complete" in log
     assert '"POST /v1/lookup HTTP/1.1" 200' not in log  # no access log
+
+
+def _example_module() -> Any:
+    spec = importlib.util.spec_from_file_location("example_app", EXAMPLES / "fastapi_app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("raw", "options"),
+    [(None, {}), ("600", {"cache_ttl": 600.0}), ("0.25", {"cache_ttl": 0.25}),
+     ("none", {"cache_ttl": None}), (" None ", {"cache_ttl": None})],
+)
+def test_the_examples_cache_ttl_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, options: dict[str, Any]
+) -> None:
+    if raw is None:
+        monkeypatch.delenv("AIO_MCLOOKUP_CACHE_TTL", raising=False)
+    else:
+        monkeypatch.setenv("AIO_MCLOOKUP_CACHE_TTL", raw)
+    assert _example_module().load_cache_options() == options
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "nan", "five", ""])
+def test_the_example_refuses_a_cache_ttl_the_coordinator_would_refuse(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv("AIO_MCLOOKUP_CACHE_TTL", raw)
+    with pytest.raises(RuntimeError, match=r"AIO_MCLOOKUP_CACHE_TTL=.*seconds"):
+        _example_module().load_cache_options()
 
 
 def test_example_refuses_a_hash_configuration_it_cannot_reproduce() -> None:
