@@ -4,6 +4,7 @@ failures, cancellation, timeouts, backpressure and close; on asyncio and on uvlo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import Sequence
@@ -302,9 +303,127 @@ async def test_a_whole_rpc_goes_out_while_the_rest_of_a_burst_is_planned(linger:
     sizes = [len(call) for call in store.calls]
     if linger:  # the dispatcher waits for more work: everything planned first
         assert store.started_at_call[:2] == [5, 5]
-    else:  # a whole RPC (two lookups' keys) at once, in the free slots
-        assert store.started_at_call[:2] == [2, 4]
-    assert sizes[:2] == [8, 8] and sum(sizes) == 20
+    else:  # once whole RPCs fill both free slots (four lookups' keys), at once
+        assert store.started_at_call[:2] == [4, 4]
+    assert sizes == [8, 8, 4]
+
+
+class ThenMarkingStore(CallBackFakeStore):
+    """CallBackFakeStore that notes, at every call, whether it came from inside the call-back
+    of an earlier call (an RPC sent while that RPC's answers fanned out)."""
+
+    def __init__(self, present: Sequence[bytes]) -> None:
+        super().__init__(present)
+        self.in_call_back = False
+        self.from_call_back: list[bool] = []
+
+    def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
+        self.from_call_back.append(self.in_call_back)
+
+        def marked(outcome: Any) -> None:
+            self.in_call_back = True
+            try:
+                then(outcome)
+            finally:
+                self.in_call_back = False
+
+        super().batch_is_exist_then(keys, marked)
+
+
+async def test_the_next_whole_rpc_goes_out_as_an_rpcs_answers_fan_out() -> None:
+    docs = [chain(8, b"next-%d" % i) for i in range(3)]
+    store = ThenMarkingStore([k for d in docs for k in FULL16.plan(128, d).keys])
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=8, max_rpcs_in_flight=1
+    ) as coord:
+        assert await asyncio.gather(*(coord.lookup(128, d) for d in docs)) == [128] * 3
+    # The first at once (a whole RPC for the one slot), each next one from the call-back of
+    # the RPC before it: no wait for the dispatcher's turn.
+    assert store.from_call_back == [False, True, True]
+
+
+class RaisingStore(FakeStore):
+    """A call-back store that refuses every call at once (as a closed MooncakeStore does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.submits = 0
+
+    def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
+        self.submits += 1
+        raise mcl.ClosedError("closed")
+
+
+@pytest.mark.parametrize("on_error", ["raise", "absent"])
+async def test_a_store_refusing_every_call_at_once_fails_its_rpcs_without_recursing(
+    on_error: Any,
+) -> None:
+    store = RaisingStore()
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=1, max_rpcs_in_flight=1,
+        failure_backoff=1e-9, on_error=on_error, timeout=10,
+    ) as coord:
+        if on_error == "raise":
+            with pytest.raises(mcl.StoreError):
+                await coord.lookup(16 * 3000, chain(3000, b"refused"))
+        else:
+            assert await coord.lookup(16 * 3000, chain(3000, b"refused")) == 0
+        stats = coord.stats()
+    assert stats.rpcs_in_flight == 0 and coord._calls_in_flight == 0
+    assert store.submits == stats.rpcs_total
+
+
+class AnsweringAtOnceStore(FakeStore):
+    """A call-back store that answers inside the call itself (not later, as the protocol
+    says; a store answering from memory might)."""
+
+    def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
+        self.calls.append(list(keys))
+        then([1 if k in self.present else 0 for k in keys])
+
+
+@pytest.mark.parametrize("on_error", ["raise", "absent"])
+async def test_a_store_answering_inside_the_call_gives_the_same_hits(on_error: Any) -> None:
+    doc = chain(3000, b"at-once")
+    plan = FULL16.plan(16 * 3000, doc)
+    store = AnsweringAtOnceStore(plan.keys)
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=10, on_error=on_error,
+        timeout=10,
+    ) as coord:
+        assert await coord.lookup(16 * 3000, doc) == plan.resolve([1] * plan.num_keys)
+        stats = coord.stats()
+    assert stats.rpcs_in_flight == 0 and coord._calls_in_flight == 0
+    assert len(store.calls) == stats.rpcs_total == 300
+
+
+async def test_a_lookup_admitted_just_before_close_fails_instead_of_hanging() -> None:
+    store = CallBackFakeStore(delay=0.01)
+    coord = LookupCoordinator(FULL16, store, cache_ttl=None, max_pending_lookups=1)
+    await coord.__aenter__()
+    first = asyncio.ensure_future(coord.lookup(64, chain(4, b"first")))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(coord.lookup(64, chain(4, b"second"), timeout=None))
+    await asyncio.sleep(0)
+    assert coord._waiters  # the second waits for room
+    admit = coord._admit_next
+    closed: list[bool] = []
+
+    def admit_then_close() -> None:
+        waiting = len(coord._waiters)
+        admit()
+        if waiting and not coord._waiters and not closed:  # admitted: close before it runs
+            closing = coord.aclose()
+            with contextlib.suppress(StopIteration):
+                closing.send(None)  # aclose() up to its first await: closed from here on
+            closing.close()  # (what is left: awaiting the tasks it cancelled)
+            closed.append(True)
+
+    coord._admit_next = admit_then_close  # type: ignore[method-assign]
+    await first
+    assert closed and coord.closed
+    done, _ = await asyncio.wait([second], timeout=5)
+    assert second in done and isinstance(second.exception(), mcl.ClosedError)
 
 
 async def test_a_call_back_store_needs_no_rpc_task_and_gives_the_same_hits() -> None:

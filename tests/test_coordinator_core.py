@@ -206,26 +206,37 @@ def test_answers_of_the_wrong_length_fail_only_that_rpcs_lookups() -> None:
 
 
 def test_whole_only_takes_the_whole_rpcs_queued_and_leaves_the_rest() -> None:
-    core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=8, max_rpcs_in_flight=3)
+    core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=8, max_rpcs_in_flight=2)
     core.begin(FULL16.plan(64, chain(4, b"w1")), now=0.0)
-    assert not core.whole_rpc_queued()
-    assert core.take_batches(0.0, whole_only=True) == ([], None)
-    for tag in (b"w2", b"w3", b"w4", b"w5"):
-        core.begin(FULL16.plan(64, chain(4, tag)), now=0.0)
-    assert core.whole_rpc_queued()
+    core.begin(FULL16.plan(64, chain(4, b"w2")), now=0.0)
+    assert not core.whole_rpcs_queued()  # one whole RPC, but two free slots to fill
     batches, _ = core.take_batches(0.0, whole_only=True)
-    assert [len(b) for b in batches] == [8, 8] and len(core.table.queued) == 4
-    assert not core.whole_rpc_queued()  # 4 keys left: not a whole RPC
+    assert [len(b) for b in batches] == [8] and not core.table.queued  # (what they fill)
+    for tag in (b"w3", b"w4", b"w5"):
+        core.begin(FULL16.plan(64, chain(4, tag)), now=0.0)
+    assert core.whole_rpcs_queued()  # one free slot, a whole RPC for it
+    batches, _ = core.take_batches(0.0, whole_only=True)
+    assert [len(b) for b in batches] == [8] and len(core.table.queued) == 4
+    assert not core.whole_rpcs_queued()  # no slot free
+    core.settle_rpc(batches[0], 0.0, [0] * 8, now=0.0)
+    assert core.rpcs_in_flight == 1 and not core.whole_rpcs_queued()  # 4 keys: not whole
     batches, _ = core.take_batches(0.0)  # the dispatcher's turn: whatever is left
-    assert [len(b) for b in batches] == [4] and core.rpcs_in_flight == 3
-    core.begin(FULL16.plan(128, chain(8, b"w6")), now=0.0)
-    assert not core.whole_rpc_queued()  # a whole RPC queued, but no slot free
+    assert [len(b) for b in batches] == [4] and core.rpcs_in_flight == 2
+
+
+def test_a_whole_rpc_of_chunk_items_is_as_many_whole_items_as_fit() -> None:
+    # Two namespaces: two keys per item, so an RPC of at most 3 keys is one item.
+    core = core_of(cache_ttl=None, max_keys_per_rpc=3, max_rpcs_in_flight=1)
+    lookup = core.begin(FULL16_033.plan(65, chain(4, b"items")), now=0.0)
+    assert lookup.unit == 2 and core.whole_rpcs_queued()
+    batches, _ = core.take_batches(0.0, whole_only=True)
+    assert [len(b) for b in batches] == [2] and len(core.table.queued) == 3
 
 
 def test_no_whole_rpc_is_sent_early_while_linger_waits_for_more() -> None:
     core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=8, linger=0.001)
     core.begin(FULL16.plan(128, chain(8, b"linger")), now=0.0)
-    assert len(core.table.queued) == 8 and not core.whole_rpc_queued()
+    assert len(core.table.queued) == 8 and not core.whole_rpcs_queued()
 
 
 def test_a_cancelled_lookups_queued_keys_are_forgotten() -> None:

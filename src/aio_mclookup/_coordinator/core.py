@@ -661,19 +661,19 @@ class CoordinatorCore:
             stats.keys_per_rpc.observe(len(batch))
         self.rpcs_in_flight += len(batches)
         stats.dispatches_total += 1
-        stats.lookups_per_dispatch.observe(len(self._dispatch_lookups))
-        self._dispatch_lookups.clear()
+        if self._dispatch_lookups:  # (none: keys queued before an earlier, whole-only one)
+            stats.lookups_per_dispatch.observe(len(self._dispatch_lookups))
+            self._dispatch_lookups.clear()
         return batches, None
 
-    def whole_rpc_queued(self) -> bool:
-        """An RPC slot is free and at least one whole RPC's keys are queued (with no
-        ``linger`` to wait out): :meth:`take_batches` with ``whole_only`` sends it."""
+    def whole_rpcs_queued(self) -> bool:
+        """The keys queued fill every free RPC slot with a whole RPC (``max_keys_per_rpc``
+        keys, in whole items), and no ``linger`` is to be waited out: sending them now, with
+        :meth:`take_batches` ``whole_only``, makes no RPC smaller than waiting would."""
         options = self.options
-        return (
-            not options.linger
-            and self.rpcs_in_flight < options.max_rpcs_in_flight
-            and len(self.table.queued) * self._unit >= options.max_keys_per_rpc
-        )
+        free = options.max_rpcs_in_flight - self.rpcs_in_flight
+        per_rpc = max(1, options.max_keys_per_rpc // self._unit)
+        return not options.linger and free > 0 and len(self.table.queued) >= free * per_rpc
 
     def _fail_queued(self) -> None:
         """The store is failing: answer queued keys now instead of feeding it."""

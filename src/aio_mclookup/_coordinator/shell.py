@@ -105,6 +105,7 @@ class LookupCoordinator:
         self._dispatcher: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._dispatching = False  # inside _dispatch: a call-back within it sends nothing more
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -260,6 +261,8 @@ class LookupCoordinator:
                 await self._admit(plan.num_keys, deadline, limit)
                 self._reserved[0] -= 1
                 self._reserved[1] -= plan.num_keys
+                if self._closed:  # (admitted, then closed before it ran)
+                    raise ClosedError("the coordinator was closed")
             waiter = loop.create_future()
             lookup = core.begin(plan, time.monotonic(), waiter)
             if deadline is not None and not lookup.done:  # a timer, not wait_for: no task
@@ -320,8 +323,7 @@ class LookupCoordinator:
         core = self._core
         if core.fresh_keys:
             core.fresh_keys = False
-            if core.whole_rpc_queued():  # the store works on it while more are planned
-                self._dispatch(whole_only=True)
+            self._send_whole_rpcs()  # (the store works on them while more are planned)
             assert self._wake is not None
             self._wake.set()
 
@@ -402,25 +404,40 @@ class LookupCoordinator:
             except Exception:  # the dispatcher must outlive any bug in one dispatch
                 logger.exception("aio_mclookup: dispatch failed")
 
+    def _send_whole_rpcs(self) -> None:
+        """Send whole RPCs now, without waiting for the dispatcher's turn, when the keys
+        queued fill every free RPC slot (see :meth:`CoordinatorCore.whole_rpcs_queued`); not
+        from a call-back inside a dispatch, which would recurse once per RPC."""
+        if self._dispatching or not self._core.whole_rpcs_queued():
+            return
+        try:
+            self._dispatch(whole_only=True)
+        except Exception:  # (as the dispatcher does: a bug here must not reach a caller)
+            logger.exception("aio_mclookup: dispatch failed")
+
     def _dispatch(self, whole_only: bool = False) -> None:
-        """Send what the core says to send (``whole_only``: only whole RPCs, at once,
-        instead of everything on the dispatcher's next turn); while the store is down, come
-        back when the breaker lets a probe through."""
+        """Send what the core says to send (``whole_only``: only whole RPCs, the rest left
+        for the dispatcher); while the store is down, come back when the breaker lets a probe
+        through."""
         loop = self._loop
         assert loop is not None and self._wake is not None
-        now = time.monotonic()
-        batches, retry_at = self._core.take_batches(now, whole_only)
-        if retry_at is not None:
-            self._deliver()  # (queued keys failed fast)
-            loop.call_at(loop.time() + (retry_at - now), self._wake.set)
-            return
-        submit = self._submit
-        for batch in batches:
-            if submit is not None:
-                self._send(submit, batch, now)
-            else:
-                task = loop.create_task(self._rpc(batch, now))
-                self._rpc_tasks.add(task)
+        self._dispatching = True
+        try:
+            now = time.monotonic()
+            batches, retry_at = self._core.take_batches(now, whole_only)
+            if retry_at is not None:
+                self._deliver()  # (queued keys failed fast)
+                loop.call_at(loop.time() + (retry_at - now), self._wake.set)
+                return
+            submit = self._submit
+            for batch in batches:
+                if submit is not None:
+                    self._send(submit, batch, now)
+                else:
+                    task = loop.create_task(self._rpc(batch, now))
+                    self._rpc_tasks.add(task)
+        finally:
+            self._dispatching = False
 
     async def _rpc(self, keys: tuple[bytes, ...], sent_at: float) -> None:
         """One awaited ``batch_is_exist`` call; its outcome goes to the core."""
@@ -452,8 +469,12 @@ class LookupCoordinator:
         """:meth:`_rpc` through a :class:`CallbackStore`: the answers fan out as soon as the
         loop picks them up, one loop iteration before an awaiting task would resume."""
         started = time.perf_counter()
+        once = [True]  # one outcome per RPC, even from a store that answers and then raises
 
         def answered(outcome: list[int] | BaseException) -> None:
+            if not once:
+                return
+            once.clear()
             self._calls_in_flight -= 1
             if self._closed:
                 self._core.rpcs_in_flight -= 1
@@ -476,8 +497,7 @@ class LookupCoordinator:
         core.settle_rpc(keys, sent_at, outcome, time.monotonic())
         self._deliver()
         core.fresh_keys = False
-        if core.whole_rpc_queued():  # the store works on it while another RPC fans out
-            self._dispatch(whole_only=True)
+        self._send_whole_rpcs()  # (the store works on them while another RPC fans out)
         assert self._wake is not None
         self._wake.set()  # a slot is free: queued keys may go out
 
