@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -356,7 +357,7 @@ class RaisingStore(FakeStore):
 
 @pytest.mark.parametrize("on_error", ["raise", "absent"])
 async def test_a_store_refusing_every_call_at_once_fails_its_rpcs_without_recursing(
-    on_error: Any,
+    on_error: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = RaisingStore()
     async with LookupCoordinator(
@@ -371,6 +372,49 @@ async def test_a_store_refusing_every_call_at_once_fails_its_rpcs_without_recurs
         stats = coord.stats()
     assert stats.rpcs_in_flight == 0 and coord._calls_in_flight == 0
     assert store.submits == stats.rpcs_total
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # (no RecursionError)
+
+
+class AnsweringThenRaisingStore(FakeStore):
+    """A call-back store that answers inside the call and then raises anyway."""
+
+    def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
+        self.calls.append(list(keys))
+        then([1 if k in self.present else 0 for k in keys])
+        raise mcl.ClosedError("closed after answering")
+
+
+async def test_an_rpc_gets_one_outcome_from_a_store_that_answers_and_then_raises() -> None:
+    doc = chain(8, b"twice")
+    store = AnsweringThenRaisingStore(FULL16.plan(128, doc).keys)
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=4, timeout=10
+    ) as coord:
+        assert await coord.lookup(128, doc) == 128  # the answers, not the error after them
+        stats = coord.stats()
+    assert stats.rpcs_in_flight == 0 and coord._calls_in_flight == 0
+    assert stats.rpcs_total == len(store.calls) == 2 and stats.rpc_errors_total == 0
+
+
+async def test_a_failing_early_dispatch_is_logged_and_the_dispatcher_sends_the_keys(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    doc = chain(16, b"logged")
+    store = CallBackFakeStore(FULL16.plan(256, doc).keys)
+    async with LookupCoordinator(
+        FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=8, timeout=10
+    ) as coord:
+        core = coord._core
+        take = core.take_batches
+
+        def broken(now: float, whole_only: bool = False) -> Any:
+            if whole_only:
+                raise RuntimeError("a bug in the early dispatch")
+            return take(now, whole_only)
+
+        core.take_batches = broken  # type: ignore[method-assign]
+        assert await coord.lookup(256, doc) == 256  # the caller never sees the bug
+    assert any("dispatch failed" in r.getMessage() for r in caplog.records)
 
 
 class AnsweringAtOnceStore(FakeStore):

@@ -225,18 +225,37 @@ def test_whole_only_takes_the_whole_rpcs_queued_and_leaves_the_rest() -> None:
 
 
 def test_a_whole_rpc_of_chunk_items_is_as_many_whole_items_as_fit() -> None:
-    # Two namespaces: two keys per item, so an RPC of at most 3 keys is one item.
-    core = core_of(cache_ttl=None, max_keys_per_rpc=3, max_rpcs_in_flight=1)
-    lookup = core.begin(FULL16_033.plan(65, chain(4, b"items")), now=0.0)
-    assert lookup.unit == 2 and core.whole_rpcs_queued()
+    # Three namespaces: an RPC of at most 4 keys holds one item (3 keys), and one queued
+    # item is that whole RPC.
+    three = KVLayout([FullAttention(16)], model="core-test", hash_block_size=16,
+                     scheduler_block_size=16, tp_size=3, num_kv_heads=3, vllm_version="0.33")
+    core = core_of(cache_ttl=None, max_keys_per_rpc=4, max_rpcs_in_flight=1)
+    lookup = core.begin(three.plan(17, chain(1, b"items")), now=0.0)
+    assert lookup.unit == 3 and len(core.table.queued) == 1 and core.whole_rpcs_queued()
     batches, _ = core.take_batches(0.0, whole_only=True)
-    assert [len(b) for b in batches] == [2] and len(core.table.queued) == 3
+    assert [len(b) for b in batches] == [3] and not core.table.queued
 
 
-def test_no_whole_rpc_is_sent_early_while_linger_waits_for_more() -> None:
-    core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=8, linger=0.001)
-    core.begin(FULL16.plan(128, chain(8, b"linger")), now=0.0)
-    assert len(core.table.queued) == 8 and not core.whole_rpcs_queued()
+@pytest.mark.parametrize("linger", [0.0, 0.001])
+def test_no_whole_rpc_is_sent_early_while_linger_waits_for_more(linger: float) -> None:
+    core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=8, linger=linger)
+    core.begin(FULL16.plan(256, chain(16, b"linger")), now=0.0)  # whole RPCs for both slots
+    assert len(core.table.queued) == 16 and core.whole_rpcs_queued() == (not linger)
+
+
+def test_a_failed_lookups_queued_keys_are_dropped_at_once() -> None:
+    # A timed-out lookup's keys must not ride in an RPC sent before its caller finishes it.
+    core = core_of(cache_ttl=None, rounds=False, max_keys_per_rpc=4, max_rpcs_in_flight=1)
+    late = core.begin(FULL16.plan(128, chain(8, b"late")), now=0.0)
+    (first,), _ = core.take_batches(0.0)  # 4 of its keys in flight, 4 queued
+    other = core.begin(FULL16.plan(64, chain(4, b"other")), now=0.0)
+    core.fail(late, asyncio.TimeoutError())
+    assert set(core.table.queued) == set(other.plan.keys)
+    core.settle_rpc(first, 0.0, [0] * 4, now=0.0)
+    batches, _ = core.take_batches(0.0)
+    assert [set(b) for b in batches] == [set(other.plan.keys)]
+    core.finish(late)  # (nothing left of it to drop)
+    assert set(core.table.in_flight) == set(other.plan.keys)
 
 
 def test_a_cancelled_lookups_queued_keys_are_forgotten() -> None:

@@ -189,18 +189,23 @@ class CoordinatorCore:
             self._drop_queued_keys(lookup)
 
     def fail(self, lookup: LookupState, error: BaseException) -> None:
-        """Settle ``lookup`` with ``error`` (unless it is settled already)."""
+        """Settle ``lookup`` with ``error`` (unless it is settled already), dropping its
+        queued keys that nobody else waits for now, not when its caller gets to
+        :meth:`finish` (an RPC may go out before that)."""
         if not lookup.done:
             lookup.error = error
             lookup.done = True
             self.settled.append(lookup)
+            if lookup.waiting:
+                self._drop_queued_keys(lookup)
+                lookup.waiting = 0  # (nothing more to drop at finish)
 
     def fail_all(self, error: BaseException) -> None:
-        """Settle every lookup with ``error`` and drop every key (closing)."""
-        for lookup in list(self.lookups.values()):
-            self.fail(lookup, error)
+        """Drop every key and settle every lookup with ``error`` (closing)."""
         self.table.clear_queued()
         self.table.in_flight.clear()
+        for lookup in list(self.lookups.values()):
+            self.fail(lookup, error)
 
     def _fail_on(self, lookup: LookupState, exc: Exception) -> None:
         """A round of ``lookup`` raised: vLLM's own error cases are :class:`Error` already
@@ -661,15 +666,14 @@ class CoordinatorCore:
             stats.keys_per_rpc.observe(len(batch))
         self.rpcs_in_flight += len(batches)
         stats.dispatches_total += 1
-        if self._dispatch_lookups:  # (none: keys queued before an earlier, whole-only one)
-            stats.lookups_per_dispatch.observe(len(self._dispatch_lookups))
-            self._dispatch_lookups.clear()
+        stats.lookups_per_dispatch.observe(len(self._dispatch_lookups))
+        self._dispatch_lookups.clear()
         return batches, None
 
     def whole_rpcs_queued(self) -> bool:
         """The keys queued fill every free RPC slot with a whole RPC (``max_keys_per_rpc``
-        keys, in whole items), and no ``linger`` is to be waited out: sending them now, with
-        :meth:`take_batches` ``whole_only``, makes no RPC smaller than waiting would."""
+        keys, in whole items), and no ``linger`` is to be waited out: time to send them, with
+        :meth:`take_batches` ``whole_only``, rather than on the dispatcher's next turn."""
         options = self.options
         free = options.max_rpcs_in_flight - self.rpcs_in_flight
         per_rpc = max(1, options.max_keys_per_rpc // self._unit)
