@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
+import aio_mclookup._coordinator.core as core_mod
 from aio_mclookup import (
     CoordinatorOptions,
     FullAttention,
@@ -256,6 +258,38 @@ def test_a_failed_lookups_queued_keys_are_dropped_at_once() -> None:
     assert [set(b) for b in batches] == [set(other.plan.keys)]
     core.finish(late)  # (nothing left of it to drop)
     assert set(core.table.in_flight) == set(other.plan.keys)
+
+
+def test_a_lookup_failing_on_a_bug_in_its_keys_fails_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its next round's keys cannot be built (a bug): it fails with InternalError, and failing
+    # it (which drops its queued keys, rebuilding them) must not stop the fan-out of the RPC
+    # for the others.
+    core = core_of(cache_ttl=None, probe_window=1, max_keys_per_rpc=64, max_rpcs_in_flight=2)
+    core.begin(FULL16.plan(64, chain(4, b"busy")), now=0.0)
+    (busy,), _ = core.take_batches(0.0)  # one slot busy: rounds are small
+    docs = {tag: chain(16, tag) for tag in (b"bug", b"fine")}
+    buggy, fine = (core.begin(FULL16.plan(256, d), now=0.0) for d in docs.values())
+    (shared,), _ = core.take_batches(0.0)  # both first rounds in one RPC
+    waiting = core.begin(FULL16.plan(64, chain(4, b"queued")), now=0.0)  # (no slot: queued)
+    build = core_mod._entries
+
+    def entries(lookup: LookupState, indices: Any) -> list[bytes]:
+        if lookup is buggy and lookup.state.rounds >= 1:
+            raise RuntimeError("a bug building its keys")
+        return build(lookup, indices)
+
+    monkeypatch.setattr(core_mod, "_entries", entries)
+    present = {k for d in docs.values() for k in FULL16.plan(256, d).keys}
+    core.settle_rpc(shared, 0.0, [1 if k in present else 0 for k in shared], now=0.0)
+    assert isinstance(buggy.error, InternalError) and buggy.waiting == 0
+    monkeypatch.setattr(core_mod, "_entries", build)
+    core.settle_rpc(busy, 0.0, [0] * len(busy), now=0.0)
+    answer_all(core, present)
+    assert fine.done and fine.error is None and fine.hit == 256
+    assert waiting.done and waiting.error is None
+    core.finish(buggy)
 
 
 def test_a_cancelled_lookups_queued_keys_are_forgotten() -> None:

@@ -196,14 +196,21 @@ class CoordinatorCore:
             lookup.error = error
             lookup.done = True
             self.settled.append(lookup)
+            self._dispatch_lookups.discard(lookup)
             if lookup.waiting:
-                self._drop_queued_keys(lookup)
-                lookup.waiting = 0  # (nothing more to drop at finish)
+                try:
+                    self._drop_queued_keys(lookup)
+                except Exception:  # (its keys cannot be rebuilt, e.g. the bug it fails for:
+                    # they stay queued, answered to nobody; the failure stays this lookup's)
+                    logger.exception("aio_mclookup: could not drop a failed lookup's keys")
+                finally:
+                    lookup.waiting = 0  # (nothing more to drop at finish)
 
     def fail_all(self, error: BaseException) -> None:
         """Drop every key and settle every lookup with ``error`` (closing)."""
         self.table.clear_queued()
         self.table.in_flight.clear()
+        self._dispatch_lookups.clear()
         for lookup in list(self.lookups.values()):
             self.fail(lookup, error)
 
