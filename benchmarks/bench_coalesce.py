@@ -245,6 +245,11 @@ def replay(raw: RawClient, batches: list[list[bytes]], threads: int) -> float:
     return time.perf_counter() - started
 
 
+def ordered_hits(result: RunResult) -> list[int]:
+    """A run's hits in request order."""
+    return [h for _, h in sorted(zip(result.positions, result.hits))]
+
+
 def summarize(measured_runs: list[Measured]) -> dict[str, float]:
     """Medians over repetitions."""
     runs = [m.run for m in measured_runs]
@@ -298,7 +303,7 @@ async def run_scenario(
                             ))
                             naive_runs.append(run)
                         result = run.run
-                        hits = [h for _, h in sorted(zip(result.positions, result.hits))]
+                        hits = ordered_hits(result)
                         if reference is None:
                             reference = hits
                         if hits != reference or result.error_count:
@@ -314,16 +319,18 @@ async def run_scenario(
                 result = await coordinator_run(
                     recording, requests, cfg, concurrency, stop, progress
                 )
-                hits = [h for _, h in sorted(zip(result.positions, result.hits))]
+                hits = ordered_hits(result)
                 if hits != reference or result.error_count:
                     raise SystemExit(f"{sc.name}: the recorded run gave different hits")
                 walls, master_cpus = [], []
+                pid = master.pid
+                assert pid is not None
                 for _ in range(reps):
-                    theirs = _process_cpu(master.pid or 0)
+                    theirs = _process_cpu(pid)
                     walls.append(await asyncio.to_thread(
                         replay, raw, recording.batches, REPLAY_THREADS
                     ))
-                    master_cpus.append((_process_cpu(master.pid or 0) - theirs) / len(requests))
+                    master_cpus.append((_process_cpu(pid) - theirs) / len(requests))
         finally:
             raw.close_blocking()
     assert reference is not None

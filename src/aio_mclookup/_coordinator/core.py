@@ -654,7 +654,7 @@ class CoordinatorCore:
         if slots <= 0:
             return [], None
         unit = self._unit
-        per_rpc = max(1, options.max_keys_per_rpc // unit)  # entries (keys, or items of unit)
+        per_rpc = self._entries_per_rpc()
         if whole_only:
             slots = min(slots, len(table.queued) // per_rpc)
             if not slots:
@@ -683,8 +683,15 @@ class CoordinatorCore:
         :meth:`take_batches` ``whole_only``, rather than on the dispatcher's next turn."""
         options = self.options
         free = options.max_rpcs_in_flight - self.rpcs_in_flight
-        per_rpc = max(1, options.max_keys_per_rpc // self._unit)
-        return not options.linger and free > 0 and len(self.table.queued) >= free * per_rpc
+        return (
+            not options.linger
+            and free > 0
+            and len(self.table.queued) >= free * self._entries_per_rpc()
+        )
+
+    def _entries_per_rpc(self) -> int:
+        """Key-table entries one RPC takes: keys, or whole items of :attr:`_unit` keys."""
+        return max(1, self.options.max_keys_per_rpc // self._unit)
 
     def _fail_queued(self) -> None:
         """The store is failing: answer queued keys now instead of feeding it."""

@@ -469,12 +469,13 @@ class LookupCoordinator:
         """:meth:`_rpc` through a :class:`CallbackStore`: the answers fan out as soon as the
         loop picks them up, one loop iteration before an awaiting task would resume."""
         started = time.perf_counter()
-        once = [True]  # one outcome per RPC, even from a store that answers and then raises
+        settled = False  # one outcome per RPC, even from a store that answers and then raises
 
         def answered(outcome: list[int] | BaseException) -> None:
-            if not once:
+            nonlocal settled
+            if settled:
                 return
-            once.clear()
+            settled = True
             self._calls_in_flight -= 1
             if self._closed:
                 self._core.rpcs_in_flight -= 1
