@@ -962,7 +962,7 @@ async def test_cancelled_caller_leaves_others_alone() -> None:
             await ta
         await asyncio.sleep(0.06)
         core = coord._core
-        assert not core.lookups and not core.table.queued and not core.table.in_flight
+        assert not core.lookups and not core.table.queued and not core.table.waiting
         assert coord.stats().lookups_cancelled_total == 1
 
 
@@ -1163,7 +1163,7 @@ async def test_caller_cancelled_as_its_rpc_fails_leaves_others_and_keys_usable()
         ta.cancel()  # same loop iteration as the RPC's failure
         with pytest.raises(mcl.StoreError):
             await asyncio.wait_for(tb, 2)
-        assert not coord._core.table.in_flight
+        assert not coord._core.table.waiting
         await asyncio.sleep(0.02)
         with pytest.raises(mcl.StoreError):  # its keys are not stranded
             await asyncio.wait_for(coord.lookup(64, chain(4, b"b")), 2)
@@ -1180,7 +1180,7 @@ async def test_store_raising_cancelled_error_is_a_store_failure() -> None:
     async with LookupCoordinator(FULL16, CancellingStore()) as coord:
         with pytest.raises(mcl.StoreError):
             await asyncio.wait_for(coord.lookup(64, chain(4, b"c")), 2)
-        assert not coord._core.table.in_flight
+        assert not coord._core.table.waiting
 
 
 async def test_admission_is_first_come_first_served() -> None:

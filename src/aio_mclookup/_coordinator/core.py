@@ -5,7 +5,7 @@ The asyncio shell (:mod:`.shell`) feeds it plans (:meth:`CoordinatorCore.begin`)
 (:meth:`CoordinatorCore.settle_rpc`) and timeouts (:meth:`CoordinatorCore.fail`), each with
 the current monotonic time, and acts on what it leaves behind:
 
-* keys in :attr:`KeyTable.queued` are to be sent: :meth:`CoordinatorCore.take_batches` says
+* keys queued in the :class:`KeyTable` are to be sent: :meth:`CoordinatorCore.take_batches` says
   which, in RPC-sized batches (or fails them fast while the store is down);
 * lookups in :attr:`CoordinatorCore.settled` are done: each carries its hit (and result) or
   its error.
@@ -53,8 +53,11 @@ _EAGER_KEYS = 4096
 which builds only the ranges its rounds probe (the caches answer most of its keys)."""
 _NOTHING_CACHED: dict[bytes, float] = {}  # never written: a dict's get beats a proxy's
 _WIDE = 48
-"""Rounds of at least this many entries, and runs of at least this many answers in one RPC,
-take the array paths (numpy's fixed cost per call beats a loop's cost per key from there)."""
+"""Rounds of at least this many entries keep their answers in an array (numpy's fixed cost
+per call beats a loop's cost per key from there)."""
+_BULK = 8
+"""Rounds of at least this many open entries test the cache and the key table with a few
+whole-round calls first (a loop per key is cheaper below that)."""
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
 tracked, and as a time it is long past, so no known prefix is ever built on it."""
@@ -208,8 +211,7 @@ class CoordinatorCore:
 
     def fail_all(self, error: BaseException) -> None:
         """Drop every key and settle every lookup with ``error`` (closing)."""
-        self.table.clear_queued()
-        self.table.in_flight.clear()
+        self.table.clear()
         self._dispatch_lookups.clear()
         for lookup in list(self.lookups.values()):
             self.fail(lookup, error)
@@ -330,18 +332,19 @@ class CoordinatorCore:
             self._cache.expire(self._now)
             cached = self._cache.members
         table = self.table
-        queued = table.queued
-        in_flight = table.in_flight
+        waiting = table.waiting
         answering = table.answering
         base = lookup.ident << POS_BITS
         keys, subs = _without(keys, known_at, base)
-        if isinstance(lookup.round_present, np.ndarray):
-            fresh, hits, shared, just_answered, keys = self._subscribe_wide(
+        new_keys: Sequence[bytes]
+        if len(keys) >= _BULK:
+            new_keys, hits, shared, just_answered = self._subscribe_bulk(
                 lookup, keys, subs, cached
             )
         else:
             present = lookup.round_present
-            fresh = hits = shared = just_answered = 0
+            hits = shared = just_answered = 0
+            new_keys = []
             for sub, key in zip(subs, keys):
                 until = cached.get(key)
                 if until is not None:
@@ -354,17 +357,13 @@ class CoordinatorCore:
                         present[sub - base] = answer
                         just_answered += 1
                         continue
-                where = in_flight
-                subscribers = in_flight.get(key)
+                subscribers = waiting.get(key)
                 if subscribers is None:
-                    where = queued
-                    subscribers = queued.get(key)
-                    if subscribers is None:
-                        queued[key] = sub
-                        fresh += 1
-                        continue
+                    waiting[key] = sub
+                    new_keys.append(key)
+                    continue
                 if isinstance(subscribers, int):
-                    where[key] = [subscribers, sub]
+                    waiting[key] = [subscribers, sub]
                 else:
                     subscribers.append(sub)
                 shared += 1
@@ -372,28 +371,27 @@ class CoordinatorCore:
         stats.dedup_hits_total += (shared + just_answered) * unit
         stats.cache_hits_total += hits * unit
         lookup.waiting -= hits + just_answered
-        if fresh:
-            table.queue_round(keys)
+        if new_keys:
+            table.queue_round(new_keys)
             self._dispatch_lookups.add(lookup)
             self.fresh_keys = True
         return lookup.waiting > 0
 
-    def _subscribe_wide(
+    def _subscribe_bulk(
         self,
         lookup: LookupState,
         keys: Sequence[bytes],
         subs: range | list[int],
         cached: Mapping[bytes, float],
-    ) -> tuple[int, int, int, int, Sequence[bytes]]:
-        """:meth:`_subscribe` for a wide round (an array of answers), given its open entries
+    ) -> tuple[Sequence[bytes], int, int, int]:
+        """:meth:`_subscribe` for a round of :data:`_BULK` open entries or more, given them
         and their subscribers: what the cache and the RPC being fanned out know, read key by
         key only when they hold some of the keys; the rest queued at once when nothing else
-        wants them (a cold round), else one by one. Returns the counts (fresh, cached, shared,
-        just answered) and the entries still to come."""
+        wants them (a cold round), else one by one. Returns the entries it queued and the counts
+        of those cached, shared and just answered."""
         table = self.table
-        queued, in_flight, answering = table.queued, table.in_flight, table.answering
+        waiting, answering = table.waiting, table.answering
         present = lookup.round_present
-        assert isinstance(present, np.ndarray)
         base = lookup.ident << POS_BITS
         hits = just_answered = 0
         open_keys: Sequence[bytes] = keys
@@ -415,35 +413,29 @@ class CoordinatorCore:
                     open_subs.append(sub)
                 else:
                     present[sub - base] = until
-        fresh = shared = 0
-        if open_keys and (
-            (not in_flight or in_flight.keys().isdisjoint(open_keys))
-            and (not queued or queued.keys().isdisjoint(open_keys))
-        ):
-            before = len(queued)
-            queued.update(zip(open_keys, open_subs))
-            fresh = len(queued) - before
-            if fresh != len(open_keys):  # a key repeats in the round: one entry per position
-                for key in open_keys:
-                    queued.pop(key, None)
-                fresh = 0
-        if open_keys and not fresh:
-            for sub, key in zip(open_subs, open_keys):
-                where = in_flight
-                others = in_flight.get(key)
-                if others is None:
-                    where = queued
-                    others = queued.get(key)
-                    if others is None:
-                        queued[key] = sub
-                        fresh += 1
-                        continue
-                if isinstance(others, int):
-                    where[key] = [others, sub]
-                else:
-                    others.append(sub)
-                shared += 1
-        return fresh, hits, shared, just_answered, open_keys
+        shared = 0
+        if not open_keys:
+            return (), hits, shared, just_answered
+        if not waiting or waiting.keys().isdisjoint(open_keys):  # (a cold round)
+            before = len(waiting)
+            waiting.update(zip(open_keys, open_subs))
+            if len(waiting) - before == len(open_keys):
+                return open_keys, hits, shared, just_answered
+            for key in open_keys:  # a key repeats in the round: one entry per position
+                waiting.pop(key, None)  # (none of them was there before)
+        new_keys = []
+        for sub, key in zip(open_subs, open_keys):
+            others = waiting.get(key)
+            if others is None:
+                waiting[key] = sub
+                new_keys.append(key)
+                continue
+            if isinstance(others, int):
+                waiting[key] = [others, sub]
+            else:
+                others.append(sub)
+            shared += 1
+        return new_keys, hits, shared, just_answered
 
     def _subscribed(self, subscribers: Subscribers) -> Iterator[tuple[LookupState, int]]:
         """The unsettled lookups among ``subscribers``, with their positions."""
@@ -624,14 +616,20 @@ class CoordinatorCore:
                 self._fail_on(lookup, exc)
 
     def _drop_queued_keys(self, lookup: LookupState) -> None:
-        """Drop a finished lookup's queued probes that nobody else waits for."""
-        queued = self.table.queued
-        if not lookup.waiting or not queued:
+        """A finished lookup's probes that nobody else waits for are abandoned: the queued
+        ones will not be sent (see :class:`KeyTable`)."""
+        table = self.table
+        if not lookup.waiting or not table.queued:
             return
+        waiting, abandoned = table.waiting, table.abandoned
         for key in _entries(lookup, lookup.round_keys):
-            subscribers = queued.get(key)
-            if subscribers is not None and not any(self._subscribed(subscribers)):
-                del queued[key]
+            subscribers = waiting.get(key)
+            if subscribers is not None and not self._wanted(subscribers):
+                abandoned.add(key)  # (in flight already, it only costs a look when taken)
+
+    def _wanted(self, subscribers: Subscribers) -> bool:
+        """Some unsettled lookup waits for this key."""
+        return any(self._subscribed(subscribers))
 
     # ------------------------------------------------------------------------------ RPCs
     def take_batches(
@@ -656,10 +654,12 @@ class CoordinatorCore:
         unit = self._unit
         per_rpc = self._entries_per_rpc()
         if whole_only:
-            slots = min(slots, len(table.queued) // per_rpc)
+            slots = min(slots, table.queued // per_rpc)
             if not slots:
                 return [], None
-        entries = table.take(slots * per_rpc)
+        entries = table.take(slots * per_rpc, self._wanted)
+        if not entries:  # (every key it took was abandoned)
+            return [], None
         # Split evenly over the free slots, each RPC at most max_keys_per_rpc keys.
         count = min(slots, -(-len(entries) // per_rpc))
         size = -(-len(entries) // count)
@@ -686,7 +686,7 @@ class CoordinatorCore:
         return (
             not options.linger
             and free > 0
-            and len(self.table.queued) >= free * self._entries_per_rpc()
+            and self.table.queued >= free * self._entries_per_rpc()
         )
 
     def _entries_per_rpc(self) -> int:
@@ -736,14 +736,15 @@ class CoordinatorCore:
                 error = StoreError(f"store answered something other than ints: {exc!r}")
         if items is not None:
             keys = items  # (the key table's entries from here on)
-        in_flight = self.table.in_flight
+        self.table.answered(keys)
+        waiting = self.table.waiting
         if error is not None or present is None:
             code = error.code if isinstance(error, StoreError) else None
             self.stats.rpc_errors_total += 1
             self.stats.last_error = f"{type(error).__name__}: {error}"
             self.breaker.failed(code, now)
             for key in keys:
-                subscribers = in_flight.pop(key, None)
+                subscribers = waiting.pop(key, None)
                 if subscribers:
                     self._settle_failed(subscribers, code, f"store RPC failed: {error}")
             return
@@ -761,7 +762,7 @@ class CoordinatorCore:
             )
         else:
             self.table.answering = dict(zip(keys, values.tolist()))
-        pop: Callable[[bytes, None], Subscribers | None] = in_flight.pop
+        pop: Callable[[bytes, None], Subscribers | None] = waiting.pop
         waiting_for = list(map(pop, keys, itertools.repeat(None)))
         try:  # one subscriber each (the usual case): runs of a lookup's answers at once
             owners = np.fromiter(waiting_for, np.int64, len(waiting_for))
@@ -811,11 +812,13 @@ class CoordinatorCore:
             if lookup is None or lookup.done:
                 continue
             present = lookup.round_present
-            if hi - lo >= _WIDE and not isinstance(present, list):
-                present[positions[lo:hi]] = values[lo:hi]
-            else:
+            if isinstance(present, list):
                 for pos, value in zip(at[lo:hi], answers[lo:hi]):
                     present[pos] = value
+            elif at[lo:hi] == list(range(at[lo], at[lo] + hi - lo)):  # (usual: a slice)
+                present[at[lo] : at[lo] + hi - lo] = values[lo:hi]
+            else:
+                present[positions[lo:hi]] = values[lo:hi]
             lookup.waiting -= hi - lo
             if not lookup.waiting:
                 ready.append(lookup)

@@ -9,9 +9,7 @@ collector tracks costs time, and a dict holding only ints is not tracked at all.
 from __future__ import annotations
 
 import collections
-import itertools
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
 
 __all__ = ["POS_BITS", "POS_MASK", "KeyTable", "Subscribers"]
 
@@ -24,69 +22,118 @@ POS_BITS = 32
 POS_MASK = (1 << POS_BITS) - 1
 
 
+class _Round:
+    """One round's queued keys, and how many of them were taken."""
+
+    __slots__ = ("keys", "pos")
+
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        self.keys = keys
+        self.pos = 0
+
+
 class KeyTable:
-    """``queued`` and ``in_flight`` map each key to its :data:`Subscribers`; ``answering``
-    holds the answers of the RPC being fanned out right now (a round that starts during the
-    fan-out takes them, as if it had joined that RPC while in flight).
+    """``waiting`` maps every key queued or in flight to its :data:`Subscribers`, from the
+    round that queues it until its RPC is over (a key is never queued twice, nor queued while
+    in flight: later rounds join it there); ``answering`` holds the answers of the RPC being
+    fanned out right now (a round that starts during the fan-out takes them, as if it had
+    joined that RPC while in flight).
 
-    Rounds that queued fresh keys wait in :attr:`rounds`, in arrival order; :meth:`take`
-    serves them in turn, a share each (at least :data:`_MIN_SHARE` keys), so a huge round
-    cannot hold back the small ones and the work is linear in the keys taken."""
+    The queued keys wait in :attr:`rounds`: each round's new keys (every queued key in
+    exactly one round), in arrival order. :meth:`take` serves the rounds in turn, a share each
+    (at least :data:`_MIN_SHARE` keys), so a huge round cannot hold back the small ones; a key
+    a round joined goes out in the order of the round that queued it. Taking a key only
+    slices those lists: its entry in ``waiting`` stays as it is.
 
-    __slots__ = ("answering", "in_flight", "queued", "rounds")
+    A lookup that ends while its keys are queued marks those nobody else waits for as
+    :attr:`abandoned`; :meth:`take` asks again about those (someone may have joined them
+    since) and drops the ones still unwanted instead of sending them."""
+
+    __slots__ = ("abandoned", "answering", "queued", "rounds", "waiting")
 
     def __init__(self) -> None:
-        self.queued: dict[bytes, Subscribers] = {}
-        self.in_flight: dict[bytes, Subscribers] = {}
+        self.waiting: dict[bytes, Subscribers] = {}
         self.answering: dict[bytes, float] = {}
-        self.rounds: collections.deque[list[object]] = collections.deque()
-        """``[keys, next position]`` per round with keys queued (keys it shares with other
-        rounds or found answered are skipped when taken)."""
+        self.queued = 0
+        """Keys queued, to be taken (abandoned ones included until taken)."""
+        self.rounds: collections.deque[_Round] = collections.deque()
+        self.abandoned: set[bytes] = set()
 
     def queue_round(self, keys: Sequence[bytes]) -> None:
-        """A round queued some of ``keys`` (the others were answered or shared)."""
-        self.rounds.append([keys, 0])
+        """A round queued ``keys``, each new to :attr:`waiting` (entered there already)."""
+        self.rounds.append(_Round(keys))
+        self.queued += len(keys)
 
-    def take(self, limit: int) -> tuple[bytes, ...]:
-        """Move up to ``limit`` queued keys in flight, sharing ``limit`` fairly between the
-        rounds waiting (first come, first served within a share)."""
-        queued = self.queued
-        if len(queued) <= limit:  # everything fits: no order to keep
-            keys = tuple(queued)  # tuples of keys: the GC stops tracking them after one look
-            self.in_flight.update(queued)
-            self.queued = {}
-            self.rounds.clear()
-            return keys
-        taken: list[bytes] = []
-        in_flight = self.in_flight
+    def take(self, limit: int, wanted: Callable[[Subscribers], bool]) -> tuple[bytes, ...]:
+        """Up to ``limit`` queued keys, now in flight, sharing ``limit`` fairly between the
+        rounds waiting (first come, first served within a share). An abandoned key goes only
+        when ``wanted`` says someone still waits for it; otherwise it leaves the table."""
         rounds = self.rounds
+        taken: list[bytes] = []
+        if self.queued <= limit and not self.abandoned:  # everything fits: no order to keep
+            for entry in rounds:
+                taken += entry.keys[entry.pos :] if entry.pos else entry.keys
+            rounds.clear()
+            self.queued = 0
+            return tuple(taken)  # tuples of keys: the GC stops tracking them after one look
         room = limit
-        pop = queued.pop
         share = max(1, limit // len(rounds), min(_MIN_SHARE, limit // 2)) if rounds else 0
         while rounds and room > 0:
             entry = rounds.popleft()
-            waiting: Sequence[bytes] = entry[0]  # type: ignore[assignment]
-            pos: int = entry[1]  # type: ignore[assignment]
-            stop = min(len(waiting), pos + min(share, room))
-            chunk = waiting[pos:stop]
-            subscribers = list(map(pop, chunk, itertools.repeat(None)))
-            if None in subscribers:  # (shared with an earlier round, or answered meanwhile)
-                chunk = [key for key, sub in zip(chunk, subscribers) if sub is not None]
-                subscribers = [sub for sub in subscribers if sub is not None]
-            in_flight.update(zip(chunk, cast("list[Subscribers]", subscribers)))
+            keys, pos = entry.keys, entry.pos
+            stop = min(len(keys), pos + min(share, room))
+            chunk = keys[pos:stop]
+            self.queued -= stop - pos
+            if self.abandoned:
+                chunk = self._still_wanted(chunk, wanted)
             taken.extend(chunk)
             room -= len(chunk)
-            if stop < len(waiting):
-                entry[1] = stop
+            if stop < len(keys):
+                entry.pos = stop
                 rounds.append(entry)  # to the back: the others go first
-        if len(taken) < limit and queued:  # (keys no round lists: never left behind)
-            for key in list(itertools.islice(queued, limit - len(taken))):
-                in_flight[key] = queued.pop(key)
-                taken.append(key)
+        if not rounds:
+            self.queued = 0
+            self.abandoned.clear()  # (only queued keys need the check)
         return tuple(taken)
+
+    def _still_wanted(
+        self, keys: Sequence[bytes], wanted: Callable[[Subscribers], bool]
+    ) -> list[bytes]:
+        """``keys`` but the abandoned ones nobody waits for (those leave the table)."""
+        abandoned, waiting = self.abandoned, self.waiting
+        kept = []
+        for key in keys:
+            if key in abandoned:
+                abandoned.discard(key)
+                subscribers = waiting.get(key)
+                if subscribers is None or not wanted(subscribers):
+                    waiting.pop(key, None)
+                    continue
+            kept.append(key)
+        return kept
+
+    def answered(self, keys: Sequence[bytes]) -> None:
+        """An RPC of ``keys`` is over: none of them is abandoned any more."""
+        if self.abandoned:
+            self.abandoned.difference_update(keys)
+
+    def queued_keys(self) -> list[bytes]:
+        """The keys queued, in the order of their rounds."""
+        keys: list[bytes] = []
+        for entry in self.rounds:
+            keys += entry.keys[entry.pos :]
+        return keys
 
     def clear_queued(self) -> dict[bytes, Subscribers]:
         """Drop every queued key; returns them with their subscribers."""
-        queued, self.queued = self.queued, {}
+        waiting = self.waiting
+        dropped = {key: waiting.pop(key) for key in self.queued_keys() if key in waiting}
         self.rounds.clear()
-        return queued
+        self.queued = 0
+        self.abandoned.clear()
+        return dropped
+
+    def clear(self) -> None:
+        """Forget every key, queued or in flight."""
+        self.clear_queued()
+        self.waiting.clear()

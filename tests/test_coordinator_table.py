@@ -1,0 +1,75 @@
+"""The key table on its own: queued keys in fair shares, abandoned keys, clearing."""
+
+from __future__ import annotations
+
+from aio_mclookup._coordinator.table import KeyTable, Subscribers
+
+
+def queue(table: KeyTable, tag: bytes, count: int, owner: int) -> list[bytes]:
+    """A round of ``count`` new keys, entered as ``waiting`` the way the core enters them."""
+    keys = [b"%s-%d" % (tag, i) for i in range(count)]
+    for i, key in enumerate(keys):
+        table.waiting[key] = owner << 32 | i
+    table.queue_round(keys)
+    return keys
+
+
+def everyone(_: Subscribers) -> bool:
+    return True
+
+
+def test_everything_that_fits_goes_in_one_take() -> None:
+    table = KeyTable()
+    a, b = queue(table, b"a", 3, 1), queue(table, b"b", 2, 2)
+    assert table.queued == 5 and table.queued_keys() == a + b
+    assert table.take(10, everyone) == (*a, *b)
+    assert table.queued == 0 and not table.rounds
+    assert set(table.waiting) == set(a + b)  # (in flight: still waiting for answers)
+
+
+def test_a_huge_round_cannot_hold_back_a_small_one() -> None:
+    table = KeyTable()
+    huge = queue(table, b"huge", 1000, 1)
+    small = queue(table, b"small", 5, 2)
+    taken = table.take(100, everyone)
+    assert set(small) <= set(taken) and len(taken) == 100
+    assert table.queued == 905
+    rest = table.take(2000, everyone)
+    assert set(taken) | set(rest) == set(huge + small) and len(taken) + len(rest) == 1005
+    assert table.queued == 0
+
+
+def test_abandoned_keys_are_dropped_unless_someone_joined_them() -> None:
+    table = KeyTable()
+    gone = queue(table, b"gone", 4, 1)
+    table.waiting[gone[1]] = [1 << 32 | 1, 2 << 32]  # lookup 2 joined this one
+    table.abandoned.update(gone)
+    alive = {2}
+
+    def wanted(subscribers: Subscribers) -> bool:
+        subs = [subscribers] if isinstance(subscribers, int) else subscribers
+        return any(sub >> 32 in alive for sub in subs)
+
+    assert table.take(10, wanted) == (gone[1],)
+    assert set(table.waiting) == {gone[1]} and not table.abandoned and table.queued == 0
+
+
+def test_answered_keys_are_no_longer_abandoned() -> None:
+    table = KeyTable()
+    keys = queue(table, b"k", 2, 1)
+    table.take(1, everyone)  # keys[0] in flight
+    table.abandoned.update(keys)
+    table.answered([keys[0]])
+    assert table.abandoned == {keys[1]}
+
+
+def test_clear_queued_returns_only_the_queued_keys() -> None:
+    table = KeyTable()
+    keys = queue(table, b"k", 4, 1)
+    in_flight = table.take(1, everyone)
+    dropped = table.clear_queued()
+    assert set(dropped) == set(keys) - set(in_flight)
+    assert dropped[keys[2]] == 1 << 32 | 2
+    assert set(table.waiting) == set(in_flight) and table.queued == 0 and not table.rounds
+    table.clear()
+    assert not table.waiting
