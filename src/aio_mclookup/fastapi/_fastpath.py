@@ -50,23 +50,34 @@ class _Disconnected(Exception):
 
 
 async def _receive_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """:func:`_read_body` on the raw ASGI interface."""
+    """:func:`_read_body` on the raw ASGI interface. The usual body, whole in one message and
+    within the limit, is returned as it comes; any other goes through :func:`_read_capped`."""
+    declared = _header(scope, b"content-length")
+    first: Message | None = None
+    if declared is None or not declared.isdigit() or int(declared) <= limit:
+        first = await receive()  # (_read_capped would read it too: nothing is refused unread)
+        if first["type"] != "http.request":
+            raise _Disconnected
+        body: bytes = first.get("body", b"")
+        if not first.get("more_body", False) and len(body) <= limit:
+            return body
 
     async def chunks() -> AsyncGenerator[bytes, None]:
+        message = first
         while True:
-            message: Message = await receive()
-            if message["type"] != "http.request":
-                raise _Disconnected
+            if message is None:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise _Disconnected
             yield message.get("body", b"")
             if not message.get("more_body", False):
                 return
+            message = None
 
     expect = _header(scope, b"expect")
     expects_continue = expect is not None and expect.lower() == "100-continue"
     async with contextlib.aclosing(chunks()) as stream:
-        return await _read_capped(
-            stream, _header(scope, b"content-length"), expects_continue, limit
-        )
+        return await _read_capped(stream, declared, expects_continue, limit)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
