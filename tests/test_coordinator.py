@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup import FakeStore, LookupCoordinator
+from aio_mclookup._coordinator.core import _COLD_SHIFT
 from aio_mclookup._plan.plan import LookupPlan
 from helpers import chain
 from v026_layouts import KVLayout  # these tests pin vLLM 0.26's rules
@@ -149,7 +150,7 @@ async def test_a_cold_burst_asks_no_key_twice(cache_ttl: float | None, namespace
         cut = rng.randrange(0, 201)
         stored += layout.plan(16 * 200, hashes).keys[: cut * namespaces]
     store = FakeStore(stored, delay=0.002)
-    async with LookupCoordinator(layout, store, cache_ttl=cache_ttl) as coord:
+    async with LookupCoordinator(layout, store, cache_ttl=cache_ttl, probe_window=4) as coord:
         hits = await asyncio.gather(*(coord.lookup(16 * 200, h) for h in prompts))
         stats = coord.stats()
     assert hits == [expected(layout, store, 16 * 200, h) for h in prompts]
@@ -173,7 +174,7 @@ async def test_repeated_hashes_in_a_full_attention_prefix_are_probed_in_rounds(
         store.discard([plan.keys[miss_at]])
     want = expected(FULL16, store, 16 * len(hashes), hashes)
     store.delay = 0.002
-    async with LookupCoordinator(FULL16, store, cache_ttl=None, probe_window=2) as coord:
+    async with LookupCoordinator(FULL16, store, cache_ttl=None, probe_window=1) as coord:
         busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"other")))
         await asyncio.sleep(0)  # its RPC is in flight: the lookups below probe in windows
         hits = await asyncio.gather(
@@ -184,7 +185,8 @@ async def test_repeated_hashes_in_a_full_attention_prefix_are_probed_in_rounds(
     assert hits[0] == hits[3] == want
     for n, hit in zip((9, 12), hits[1:3]):
         assert hit == expected(FULL16, store, 16 * n, hashes[:n])
-    if want > 2 * 16:  # past the first window of 2 chunks: more rounds than lookups
+    first_window = 1 << _COLD_SHIFT  # (chunks: a cold prompt's first window is wider)
+    if want > first_window * 16:  # past the first window: more rounds than lookups
         assert stats.rounds_total > 5
 
 
@@ -746,12 +748,12 @@ async def test_a_follower_waits_across_walker_rounds_while_they_share_its_chunks
     async with LookupCoordinator(FULL16, store, cache_ttl=5.0, probe_window=1) as coord:
         busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy2")))  # call 0, held
         await store.called(0)
-        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # windows 1, 2, 4, ...
+        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # windows 4, 8, 16, ...
         await asyncio.sleep(0)
         mine = doc[:40] + chain(24, b"mine")
         follower = asyncio.ensure_future(coord.lookup(1024, mine))
         await asyncio.sleep(0)
-        for call in (1, 2, 3):  # the walker's rounds up to chunk 7: still all shared
+        for call in (1, 2, 3):  # the walker's rounds up to chunk 27: still all shared
             assert _followers(coord) == 1
             await store.open(call)
         n = await store.open_until(follower, 4)
@@ -767,11 +769,11 @@ async def test_followers_stop_waiting_once_the_walkers_rounds_outgrow_one_rpc() 
     doc = chain(64, b"outgrow")
     store = GatedStore(FULL16.plan(1024, doc).keys)
     async with LookupCoordinator(
-        FULL16, store, cache_ttl=5.0, probe_window=1, max_keys_per_rpc=4
+        FULL16, store, cache_ttl=5.0, probe_window=1, max_keys_per_rpc=12
     ) as coord:
         busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy3")))  # call 0, held
         await store.called(0)
-        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # rounds of 1, 2, 4, 8, ...
+        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # 4, 8 (+4 scouts), 16, ...
         await asyncio.sleep(0)
         follower = asyncio.ensure_future(coord.lookup(1024, doc[:40] + chain(24, b"mine")))
         await asyncio.sleep(0)
@@ -780,7 +782,7 @@ async def test_followers_stop_waiting_once_the_walkers_rounds_outgrow_one_rpc() 
             for w in coord._core._walkers.values():
                 if w.followers:
                     waits += 1
-                    assert len(w.round_keys) <= 4  # never on a round of several RPCs
+                    assert len(w.round_keys) <= 12  # never on a round of several RPCs
             await store.open(n)
             n += 1
         assert waits >= 2  # it did wait, round after round, while the rounds were small

@@ -58,6 +58,11 @@ per call beats a loop's cost per key from there)."""
 _BULK = 8
 """Rounds of at least this many open entries test the cache and the key table with a few
 whole-round calls first (a loop per key is cheaper below that)."""
+_COLD_SHIFT = 2
+"""A busy store probes a cold prompt's chunks (nothing known of it: no cached prefix, no
+walker) in windows this many doublings wider than ``probe_window``: its hit may end anywhere,
+the scouts past each window keep the keys past a miss few, and each round costs the event
+loop more than a few keys more do (docs/benchmarks.md, the cold bursts)."""
 _PRESENT = 1.0
 """The mark of a present answer when no cache keeps it (``cache_ttl`` None): no expiry is
 tracked, and as a time it is long past, so no known prefix is ever built on it."""
@@ -93,6 +98,8 @@ class LookupState:
     """Keys per entry of its rounds: 1, or (one group, several rank namespaces) a chunk's keys
     in every namespace as one *item* (see :func:`~.._plan.keys.assemble_items`), so that the
     caches, the key table and the fan-out do one step per chunk, not one per key."""
+    cold: bool = False
+    """Nothing was known of its prompt when it began probing (see :data:`_COLD_SHIFT`)."""
     likely_miss: bool = False
     """A cache knew a prefix and the chunk after it is likely absent (see
     :meth:`KnownPrefixes.after`): the first round probes that chunk alone."""
@@ -234,7 +241,9 @@ class CoordinatorCore:
                 if lookup.likely_miss and not state.rounds:
                     window = 1  # test the likely miss alone first
                 else:
-                    window <<= min(state.rounds, 20)
+                    if not state.rounds and state.known_prefix == 0:
+                        lookup.cold = True
+                    window <<= min(state.rounds + (_COLD_SHIFT if lookup.cold else 0), 20)
             else:  # an idle store: latency first, probe everything the answer rests on
                 window = None
             if lookup.plan.num_keys > options.max_round_keys:
