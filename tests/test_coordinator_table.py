@@ -10,7 +10,7 @@ def queue(table: KeyTable, tag: bytes, count: int, owner: int) -> list[bytes]:
     keys = [b"%s-%d" % (tag, i) for i in range(count)]
     for i, key in enumerate(keys):
         table.waiting[key] = owner << 32 | i
-    table.queue_round(keys)
+    table.queue_round(keys, len(keys))
     return keys
 
 
@@ -54,13 +54,25 @@ def test_abandoned_keys_are_dropped_unless_someone_joined_them() -> None:
     assert set(table.waiting) == {gone[1]} and not table.abandoned and table.queued == 0
 
 
-def test_answered_keys_are_no_longer_abandoned() -> None:
+def test_a_joined_key_goes_out_with_the_first_round_that_lists_it() -> None:
     table = KeyTable()
-    keys = queue(table, b"k", 2, 1)
-    table.take(1, everyone)  # keys[0] in flight
-    table.abandoned.update(keys)
-    table.answered([keys[0]])
-    assert table.abandoned == {keys[1]}
+    huge = queue(table, b"huge", 1000, 1)
+    table.waiting[huge[900]] = [1 << 32 | 900, 2 << 32]  # a small round joined it, queued
+    table.queue_round([huge[900]], 0)
+    taken = table.take(64, everyone)
+    assert huge[900] in taken and len(taken) == 64 and table.copies
+    assert table.queued == 1000 - 64 and huge[900] in table.sending
+    rest = table.take(2000, everyone)
+    assert len(taken) + len(rest) == 1000 and set(taken) | set(rest) == set(huge)  # (once)
+    table.answered(rest)
+    assert table.sending == set(taken) and table.queued == 0 and not table.copies
+
+
+def test_live_keys_leave_out_the_abandoned() -> None:
+    table = KeyTable()
+    keys = queue(table, b"k", 3, 1)
+    table.abandoned.add(keys[0])
+    assert table.queued == 3 and table.live == 2
 
 
 def test_clear_queued_returns_only_the_queued_keys() -> None:

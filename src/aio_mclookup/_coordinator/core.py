@@ -237,7 +237,7 @@ class CoordinatorCore:
         options = self.options
         while not lookup.done:
             window = options.probe_window
-            if window is not None and (self.rpcs_in_flight or self.table.queued):  # busy
+            if window is not None and (self.rpcs_in_flight or self.table.live):  # busy
                 if lookup.likely_miss and not state.rounds:
                     window = 1  # test the likely miss alone first
                 else:
@@ -345,15 +345,16 @@ class CoordinatorCore:
         answering = table.answering
         base = lookup.ident << POS_BITS
         keys, subs = _without(keys, known_at, base)
-        new_keys: Sequence[bytes]
+        to_send: Sequence[bytes]
         if len(keys) >= _BULK:
-            new_keys, hits, shared, just_answered = self._subscribe_bulk(
+            to_send, fresh, hits, shared, just_answered = self._subscribe_bulk(
                 lookup, keys, subs, cached
             )
         else:
             present = lookup.round_present
-            hits = shared = just_answered = 0
-            new_keys = []
+            fresh = hits = shared = just_answered = 0
+            to_send = []
+            sending = table.sending
             for sub, key in zip(subs, keys):
                 until = cached.get(key)
                 if until is not None:
@@ -369,19 +370,22 @@ class CoordinatorCore:
                 subscribers = waiting.get(key)
                 if subscribers is None:
                     waiting[key] = sub
-                    new_keys.append(key)
+                    fresh += 1
+                    to_send.append(key)
                     continue
                 if isinstance(subscribers, int):
                     waiting[key] = [subscribers, sub]
                 else:
                     subscribers.append(sub)
                 shared += 1
+                if key not in sending:  # joined while queued: its share may pull it out
+                    to_send.append(key)
         unit = lookup.unit
         stats.dedup_hits_total += (shared + just_answered) * unit
         stats.cache_hits_total += hits * unit
         lookup.waiting -= hits + just_answered
-        if new_keys:
-            table.queue_round(new_keys)
+        if fresh:
+            table.queue_round(to_send, fresh)
             self._dispatch_lookups.add(lookup)
             self.fresh_keys = True
         return lookup.waiting > 0
@@ -392,14 +396,14 @@ class CoordinatorCore:
         keys: Sequence[bytes],
         subs: range | list[int],
         cached: Mapping[bytes, float],
-    ) -> tuple[Sequence[bytes], int, int, int]:
+    ) -> tuple[Sequence[bytes], int, int, int, int]:
         """:meth:`_subscribe` for a round of :data:`_BULK` open entries or more, given them
         and their subscribers: what the cache and the RPC being fanned out know, read key by
         key only when they hold some of the keys; the rest queued at once when nothing else
-        wants them (a cold round), else one by one. Returns the entries it queued and the counts
-        of those cached, shared and just answered."""
+        wants them (a cold round), else one by one. Returns the entries to send (new ones and
+        those joined while queued) and the counts (fresh, cached, shared, just answered)."""
         table = self.table
-        waiting, answering = table.waiting, table.answering
+        waiting, answering, sending = table.waiting, table.answering, table.sending
         present = lookup.round_present
         base = lookup.ident << POS_BITS
         hits = just_answered = 0
@@ -422,29 +426,34 @@ class CoordinatorCore:
                     open_subs.append(sub)
                 else:
                     present[sub - base] = until
-        shared = 0
+        fresh = shared = 0
         if not open_keys:
-            return (), hits, shared, just_answered
-        if not waiting or waiting.keys().isdisjoint(open_keys):  # (a cold round)
+            return (), fresh, hits, shared, just_answered
+        if not waiting or waiting.keys().isdisjoint(open_keys):
             before = len(waiting)
             waiting.update(zip(open_keys, open_subs))
-            if len(waiting) - before == len(open_keys):
-                return open_keys, hits, shared, just_answered
+            fresh = len(waiting) - before
+            if fresh == len(open_keys):
+                return open_keys, fresh, hits, shared, just_answered
             for key in open_keys:  # a key repeats in the round: one entry per position
                 waiting.pop(key, None)  # (none of them was there before)
-        new_keys = []
+            fresh = 0
+        to_send = []
         for sub, key in zip(open_subs, open_keys):
             others = waiting.get(key)
             if others is None:
                 waiting[key] = sub
-                new_keys.append(key)
+                fresh += 1
+                to_send.append(key)
                 continue
             if isinstance(others, int):
                 waiting[key] = [others, sub]
             else:
                 others.append(sub)
             shared += 1
-        return new_keys, hits, shared, just_answered
+            if key not in sending:  # (as in _subscribe)
+                to_send.append(key)
+        return to_send, fresh, hits, shared, just_answered
 
     def _subscribed(self, subscribers: Subscribers) -> Iterator[tuple[LookupState, int]]:
         """The unsettled lookups among ``subscribers``, with their positions."""
@@ -630,11 +639,11 @@ class CoordinatorCore:
         table = self.table
         if not lookup.waiting or not table.queued:
             return
-        waiting, abandoned = table.waiting, table.abandoned
+        waiting, abandoned, sending = table.waiting, table.abandoned, table.sending
         for key in _entries(lookup, lookup.round_keys):
             subscribers = waiting.get(key)
-            if subscribers is not None and not self._wanted(subscribers):
-                abandoned.add(key)  # (in flight already, it only costs a look when taken)
+            if subscribers is not None and key not in sending and not self._wanted(subscribers):
+                abandoned.add(key)  # (queued: taking it drops it, unless someone joined)
 
     def _wanted(self, subscribers: Subscribers) -> bool:
         """Some unsettled lookup waits for this key."""
@@ -651,6 +660,8 @@ class CoordinatorCore:
         self._now = now
         table = self.table
         if not table.queued:
+            if table.rounds:  # (only copies of keys taken already are listed)
+                table.clear_queued()
             return [], None
         options = self.options
         breaker = self.breaker
@@ -663,7 +674,7 @@ class CoordinatorCore:
         unit = self._unit
         per_rpc = self._entries_per_rpc()
         if whole_only:
-            slots = min(slots, table.queued // per_rpc)
+            slots = min(slots, table.live // per_rpc)
             if not slots:
                 return [], None
         entries = table.take(slots * per_rpc, self._wanted)
@@ -695,7 +706,7 @@ class CoordinatorCore:
         return (
             not options.linger
             and free > 0
-            and self.table.queued >= free * self._entries_per_rpc()
+            and self.table.live >= free * self._entries_per_rpc()
         )
 
     def _entries_per_rpc(self) -> int:
@@ -745,18 +756,19 @@ class CoordinatorCore:
                 error = StoreError(f"store answered something other than ints: {exc!r}")
         if items is not None:
             keys = items  # (the key table's entries from here on)
-        self.table.answered(keys)
         waiting = self.table.waiting
         if error is not None or present is None:
             code = error.code if isinstance(error, StoreError) else None
             self.stats.rpc_errors_total += 1
             self.stats.last_error = f"{type(error).__name__}: {error}"
             self.breaker.failed(code, now)
-            for key in keys:
-                subscribers = waiting.pop(key, None)
+            failed = [waiting.pop(key, None) for key in keys]  # (all out of the table before
+            self.table.answered(keys)  # a failing lookup looks for its queued keys there)
+            for subscribers in failed:
                 if subscribers:
                     self._settle_failed(subscribers, code, f"store RPC failed: {error}")
             return
+        self.table.answered(keys)
         self.breaker.succeeded(now)
         flags = present.tolist()
         values = np.where(present, mark, 0.0)

@@ -514,7 +514,7 @@ class LookupCoordinator:
         stats = self._stats
         core = self._core
         stats.pending_lookups = len(core.lookups)
-        stats.pending_keys = core.table.queued
+        stats.pending_keys = core.table.live
         stats.rpcs_in_flight = core.rpcs_in_flight
         stats.store_healthy = self.healthy
         last_ok = core.breaker.last_ok

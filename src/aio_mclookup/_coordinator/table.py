@@ -23,7 +23,7 @@ POS_MASK = (1 << POS_BITS) - 1
 
 
 class _Round:
-    """One round's queued keys, and how many of them were taken."""
+    """One round's keys to send, and how many of them were taken."""
 
     __slots__ = ("keys", "pos")
 
@@ -34,47 +34,67 @@ class _Round:
 
 class KeyTable:
     """``waiting`` maps every key queued or in flight to its :data:`Subscribers`, from the
-    round that queues it until its RPC is over (a key is never queued twice, nor queued while
-    in flight: later rounds join it there); ``answering`` holds the answers of the RPC being
-    fanned out right now (a round that starts during the fan-out takes them, as if it had
-    joined that RPC while in flight).
+    round that first wants it until its RPC is over (later rounds join it there); ``sending``
+    holds the keys in flight; ``answering`` holds the answers of the RPC being fanned out
+    right now (a round that starts during the fan-out takes them, as if it had joined that
+    RPC while in flight).
 
-    The queued keys wait in :attr:`rounds`: each round's new keys (every queued key in
-    exactly one round), in arrival order. :meth:`take` serves the rounds in turn, a share each
-    (at least :data:`_MIN_SHARE` keys), so a huge round cannot hold back the small ones; a key
-    a round joined goes out in the order of the round that queued it. Taking a key only
-    slices those lists: its entry in ``waiting`` stays as it is.
+    The queued keys wait in :attr:`rounds`, in arrival order: each round's new keys and the
+    queued keys it joined (so that its share can pull them out), in its order. :meth:`take`
+    serves the rounds in turn, a share each (at least :data:`_MIN_SHARE` keys), so a huge
+    round cannot hold back the small ones. Taking a key only slices those lists and marks it
+    sending: its entry in ``waiting`` stays as it is. While some round lists a key another
+    one queued (:attr:`copies`), or keys are abandoned, the lists are read key by key instead,
+    to skip the keys already taken (a list may then hold only such keys: the next dispatch
+    that finds nothing queued forgets them).
 
     A lookup that ends while its keys are queued marks those nobody else waits for as
     :attr:`abandoned`; :meth:`take` asks again about those (someone may have joined them
     since) and drops the ones still unwanted instead of sending them."""
 
-    __slots__ = ("abandoned", "answering", "queued", "rounds", "waiting")
+    __slots__ = ("abandoned", "answering", "copies", "queued", "rounds", "sending", "waiting")
 
     def __init__(self) -> None:
         self.waiting: dict[bytes, Subscribers] = {}
+        self.sending: set[bytes] = set()
         self.answering: dict[bytes, float] = {}
         self.queued = 0
-        """Keys queued, to be taken (abandoned ones included until taken)."""
+        """Keys queued, to be taken (abandoned ones included until taken: see :attr:`live`)."""
         self.rounds: collections.deque[_Round] = collections.deque()
+        self.copies = False
+        """Some round in :attr:`rounds` lists keys another round queued."""
         self.abandoned: set[bytes] = set()
 
-    def queue_round(self, keys: Sequence[bytes]) -> None:
-        """A round queued ``keys``, each new to :attr:`waiting` (entered there already)."""
+    @property
+    def live(self) -> int:
+        """Keys queued that some lookup still waits for (as far as is known before taking
+        them: an abandoned key someone joined since counts as not)."""
+        return self.queued - len(self.abandoned)
+
+    def answered(self, keys: Sequence[bytes]) -> None:
+        """An RPC of ``keys`` is over: they are no longer sending."""
+        self.sending.difference_update(keys)
+
+    def queue_round(self, keys: Sequence[bytes], fresh: int) -> None:
+        """A round queued ``keys``: ``fresh`` of them new to :attr:`waiting` (entered there
+        already), the others joined while queued."""
         self.rounds.append(_Round(keys))
-        self.queued += len(keys)
+        self.queued += fresh
+        if fresh != len(keys):
+            self.copies = True
 
     def take(self, limit: int, wanted: Callable[[Subscribers], bool]) -> tuple[bytes, ...]:
-        """Up to ``limit`` queued keys, now in flight, sharing ``limit`` fairly between the
+        """Up to ``limit`` queued keys, now sending, sharing ``limit`` fairly between the
         rounds waiting (first come, first served within a share). An abandoned key goes only
         when ``wanted`` says someone still waits for it; otherwise it leaves the table."""
         rounds = self.rounds
         taken: list[bytes] = []
-        if self.queued <= limit and not self.abandoned:  # everything fits: no order to keep
-            for entry in rounds:
+        if self.queued <= limit and not self.abandoned and not self.copies:  # all of them:
+            for entry in rounds:  # no order to keep
                 taken += entry.keys[entry.pos :] if entry.pos else entry.keys
             rounds.clear()
             self.queued = 0
+            self.sending.update(taken)
             return tuple(taken)  # tuples of keys: the GC stops tracking them after one look
         room = limit
         share = max(1, limit // len(rounds), min(_MIN_SHARE, limit // 2)) if rounds else 0
@@ -82,10 +102,13 @@ class KeyTable:
             entry = rounds.popleft()
             keys, pos = entry.keys, entry.pos
             stop = min(len(keys), pos + min(share, room))
-            chunk = keys[pos:stop]
-            self.queued -= stop - pos
-            if self.abandoned:
-                chunk = self._still_wanted(chunk, wanted)
+            chunk: Sequence[bytes]
+            if self.copies or self.abandoned:
+                chunk, stop = self._unsent(keys, pos, stop, room, wanted)
+            else:
+                chunk = keys[pos:stop]
+                self.sending.update(chunk)
+            self.queued -= len(chunk)
             taken.extend(chunk)
             room -= len(chunk)
             if stop < len(keys):
@@ -93,43 +116,56 @@ class KeyTable:
                 rounds.append(entry)  # to the back: the others go first
         if not rounds:
             self.queued = 0
+            self.copies = False
             self.abandoned.clear()  # (only queued keys need the check)
         return tuple(taken)
 
-    def _still_wanted(
-        self, keys: Sequence[bytes], wanted: Callable[[Subscribers], bool]
-    ) -> list[bytes]:
-        """``keys`` but the abandoned ones nobody waits for (those leave the table)."""
-        abandoned, waiting = self.abandoned, self.waiting
-        kept = []
-        for key in keys:
+    def _unsent(
+        self,
+        keys: Sequence[bytes],
+        pos: int,
+        stop: int,
+        room: int,
+        wanted: Callable[[Subscribers], bool],
+    ) -> tuple[list[bytes], int]:
+        """The keys of ``keys[pos:stop]`` still queued (not sending, nor answered, nor
+        abandoned and unwanted), now sending, and where the slice ended: it reads on past
+        ``stop`` as keys are skipped, up to ``room`` keys taken."""
+        abandoned, waiting, sending = self.abandoned, self.waiting, self.sending
+        want = min(stop - pos, room)
+        kept: list[bytes] = []  # (the caller's chunk)
+        while pos < len(keys) and len(kept) < want:
+            key = keys[pos]
+            pos += 1
+            if key in sending or key not in waiting:  # (taken by another round)
+                continue
             if key in abandoned:
                 abandoned.discard(key)
-                subscribers = waiting.get(key)
-                if subscribers is None or not wanted(subscribers):
-                    waiting.pop(key, None)
+                if not wanted(waiting[key]):
+                    del waiting[key]
+                    self.queued -= 1
                     continue
+            sending.add(key)
             kept.append(key)
-        return kept
-
-    def answered(self, keys: Sequence[bytes]) -> None:
-        """An RPC of ``keys`` is over: none of them is abandoned any more."""
-        if self.abandoned:
-            self.abandoned.difference_update(keys)
+        return kept, pos
 
     def queued_keys(self) -> list[bytes]:
-        """The keys queued, in the order of their rounds."""
-        keys: list[bytes] = []
+        """The keys queued (each once), in the order of their rounds."""
+        waiting, sending = self.waiting, self.sending
+        keys: dict[bytes, None] = {}
         for entry in self.rounds:
-            keys += entry.keys[entry.pos :]
-        return keys
+            for key in entry.keys[entry.pos :]:
+                if key in waiting and key not in sending:
+                    keys[key] = None
+        return list(keys)
 
     def clear_queued(self) -> dict[bytes, Subscribers]:
         """Drop every queued key; returns them with their subscribers."""
         waiting = self.waiting
-        dropped = {key: waiting.pop(key) for key in self.queued_keys() if key in waiting}
+        dropped = {key: waiting.pop(key) for key in self.queued_keys()}
         self.rounds.clear()
         self.queued = 0
+        self.copies = False
         self.abandoned.clear()
         return dropped
 
@@ -137,3 +173,4 @@ class KeyTable:
         """Forget every key, queued or in flight."""
         self.clear_queued()
         self.waiting.clear()
+        self.sending.clear()
