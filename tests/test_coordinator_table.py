@@ -6,11 +6,9 @@ from aio_mclookup._coordinator.table import KeyTable, Subscribers
 
 
 def queue(table: KeyTable, tag: bytes, count: int, owner: int) -> list[bytes]:
-    """A round of ``count`` new keys, entered as ``waiting`` the way the core enters them."""
+    """A round of ``count`` new keys, entered the way the core enters them."""
     keys = [b"%s-%d" % (tag, i) for i in range(count)]
-    for i, key in enumerate(keys):
-        table.waiting[key] = owner << 32 | i
-    table.queue_round(keys, len(keys))
+    assert table.enter(keys, [owner << 32 | i for i in range(count)]) == (count, 0)
     return keys
 
 
@@ -58,7 +56,7 @@ def test_a_joined_key_goes_out_with_the_first_round_that_lists_it() -> None:
     table = KeyTable()
     huge = queue(table, b"huge", 1000, 1)
     table.waiting[huge[900]] = [1 << 32 | 900, 2 << 32]  # a small round joined it, queued
-    table.queue_round([huge[900]], 0)
+    table._queue_round([huge[900]], 0)  # (as enter() lists it for that round)
     taken = table.take(64, everyone)
     assert huge[900] in taken and len(taken) == 64 and table.copies
     assert table.queued == 1000 - 64 and huge[900] in table.sending
@@ -85,3 +83,12 @@ def test_clear_queued_returns_only_the_queued_keys() -> None:
     assert set(table.waiting) == set(in_flight) and table.queued == 0 and not table.rounds
     table.clear()
     assert not table.waiting
+
+
+def test_entering_joins_what_is_there_and_lists_the_queued_keys_joined() -> None:
+    table = KeyTable()
+    first = queue(table, b"k", 3, 1)
+    table.take(1, everyone)  # first[0] in flight
+    assert table.enter([first[0], first[1], b"new"], [2 << 32, 2 << 32 | 1, 2 << 32 | 2]) == (1, 2)
+    assert table.rounds[-1].keys == [first[1], b"new"] and table.copies  # (not first[0])
+    assert table.waiting[first[0]] == [1 << 32, 2 << 32] and table.queued == 3

@@ -42,7 +42,7 @@ from .._resolve.answers import present_keys
 from .breaker import Breaker
 from .caches import KnownPrefixes, NextChunk, PositiveCache, common_rows
 from .options import CoordinatorOptions
-from .table import POS_BITS, POS_MASK, KeyTable, Subscribers
+from .table import BULK, POS_BITS, POS_MASK, KeyTable, Subscribers
 
 __all__ = ["CoordinatorCore", "LookupState"]
 
@@ -55,9 +55,6 @@ _NOTHING_CACHED: dict[bytes, float] = {}  # never written: a dict's get beats a 
 _WIDE = 48
 """Rounds of at least this many entries keep their answers in an array (numpy's fixed cost
 per call beats a loop's cost per key from there)."""
-_BULK = 8
-"""Rounds of at least this many open entries test the cache and the key table with a few
-whole-round calls first (a loop per key is cheaper below that)."""
 _COLD_SHIFT = 2
 """A busy store probes a cold prompt's chunks (nothing known of it: no cached prefix, no
 walker) in windows this many doublings wider than ``probe_window``: its hit may end anywhere,
@@ -341,78 +338,18 @@ class CoordinatorCore:
             self._cache.expire(self._now)
             cached = self._cache.members
         table = self.table
-        waiting = table.waiting
         answering = table.answering
         base = lookup.ident << POS_BITS
         keys, subs = _without(keys, known_at, base)
-        to_send: Sequence[bytes]
-        if len(keys) >= _BULK:
-            to_send, fresh, hits, shared, just_answered = self._subscribe_bulk(
-                lookup, keys, subs, cached
-            )
-        else:
-            present = lookup.round_present
-            fresh = hits = shared = just_answered = 0
-            to_send = []
-            sending = table.sending
-            for sub, key in zip(subs, keys):
-                until = cached.get(key)
-                if until is not None:
-                    present[sub - base] = until
-                    hits += 1
-                    continue
-                if answering:  # answered by the RPC whose answers are being fanned out
-                    answer = answering.get(key)
-                    if answer is not None:
-                        present[sub - base] = answer
-                        just_answered += 1
-                        continue
-                subscribers = waiting.get(key)
-                if subscribers is None:
-                    waiting[key] = sub
-                    fresh += 1
-                    to_send.append(key)
-                    continue
-                if isinstance(subscribers, int):
-                    waiting[key] = [subscribers, sub]
-                else:
-                    subscribers.append(sub)
-                shared += 1
-                if key not in sending:  # joined while queued: its share may pull it out
-                    to_send.append(key)
-        unit = lookup.unit
-        stats.dedup_hits_total += (shared + just_answered) * unit
-        stats.cache_hits_total += hits * unit
-        lookup.waiting -= hits + just_answered
-        if fresh:
-            table.queue_round(to_send, fresh)
-            self._dispatch_lookups.add(lookup)
-            self.fresh_keys = True
-        return lookup.waiting > 0
-
-    def _subscribe_bulk(
-        self,
-        lookup: LookupState,
-        keys: Sequence[bytes],
-        subs: range | list[int],
-        cached: Mapping[bytes, float],
-    ) -> tuple[Sequence[bytes], int, int, int, int]:
-        """:meth:`_subscribe` for a round of :data:`_BULK` open entries or more, given them
-        and their subscribers: what the cache and the RPC being fanned out know, read key by
-        key only when they hold some of the keys; the rest queued at once when nothing else
-        wants them (a cold round), else one by one. Returns the entries to send (new ones and
-        those joined while queued) and the counts (fresh, cached, shared, just answered)."""
-        table = self.table
-        waiting, answering, sending = table.waiting, table.answering, table.sending
-        present = lookup.round_present
-        base = lookup.ident << POS_BITS
         hits = just_answered = 0
-        open_keys: Sequence[bytes] = keys
-        open_subs = subs
-        if (cached and not cached.keys().isdisjoint(keys)) or (
-            answering and not answering.keys().isdisjoint(keys)
-        ):  # (a loop: half the cost of building arrays from these keys, at any round size)
-            open_keys, open_subs = [], []
+        if (
+            len(keys) < BULK  # (a loop is cheaper than whole-round tests below that)
+            or (cached and not cached.keys().isdisjoint(keys))
+            or (answering and not answering.keys().isdisjoint(keys))
+        ):  # answer what the cache and the RPC being fanned out know, key by key
+            present = lookup.round_present
+            open_keys: list[bytes] = []
+            open_subs: list[int] = []
             for sub, key in zip(subs, keys):
                 until = cached.get(key)
                 if until is not None:
@@ -426,34 +363,16 @@ class CoordinatorCore:
                     open_subs.append(sub)
                 else:
                     present[sub - base] = until
-        fresh = shared = 0
-        if not open_keys:
-            return (), fresh, hits, shared, just_answered
-        if not waiting or waiting.keys().isdisjoint(open_keys):
-            before = len(waiting)
-            waiting.update(zip(open_keys, open_subs))
-            fresh = len(waiting) - before
-            if fresh == len(open_keys):
-                return open_keys, fresh, hits, shared, just_answered
-            for key in open_keys:  # a key repeats in the round: one entry per position
-                waiting.pop(key, None)  # (none of them was there before)
-            fresh = 0
-        to_send = []
-        for sub, key in zip(open_subs, open_keys):
-            others = waiting.get(key)
-            if others is None:
-                waiting[key] = sub
-                fresh += 1
-                to_send.append(key)
-                continue
-            if isinstance(others, int):
-                waiting[key] = [others, sub]
-            else:
-                others.append(sub)
-            shared += 1
-            if key not in sending:  # (as in _subscribe)
-                to_send.append(key)
-        return to_send, fresh, hits, shared, just_answered
+            keys, subs = open_keys, open_subs
+        fresh, shared = table.enter(keys, subs)
+        unit = lookup.unit
+        stats.dedup_hits_total += (shared + just_answered) * unit
+        stats.cache_hits_total += hits * unit
+        lookup.waiting -= hits + just_answered
+        if fresh:
+            self._dispatch_lookups.add(lookup)
+            self.fresh_keys = True
+        return lookup.waiting > 0
 
     def _subscribed(self, subscribers: Subscribers) -> Iterator[tuple[LookupState, int]]:
         """The unsettled lookups among ``subscribers``, with their positions."""
@@ -660,8 +579,6 @@ class CoordinatorCore:
         self._now = now
         table = self.table
         if not table.queued:
-            if table.rounds:  # (only copies of keys taken already are listed)
-                table.clear_queued()
             return [], None
         options = self.options
         breaker = self.breaker

@@ -11,13 +11,16 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 
-__all__ = ["POS_BITS", "POS_MASK", "KeyTable", "Subscribers"]
+__all__ = ["BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers"]
 
 Subscribers = int | list[int]
 """Who waits for one key's answer: one subscriber, or a list of them (the key is shared)."""
 _MIN_SHARE = 32
 """A round's share of a dispatch is at least this many keys (a small round goes out whole,
 in one step), or half of it when it takes fewer."""
+BULK = 8
+"""Rounds of at least this many open entries are tested against the cache and the key table
+with a few whole-round calls first (a loop per key is cheaper below that)."""
 POS_BITS = 32
 POS_MASK = (1 << POS_BITS) - 1
 
@@ -45,8 +48,8 @@ class KeyTable:
     round cannot hold back the small ones. Taking a key only slices those lists and marks it
     sending: its entry in ``waiting`` stays as it is. While some round lists a key another
     one queued (:attr:`copies`), or keys are abandoned, the lists are read key by key instead,
-    to skip the keys already taken (a list may then hold only such keys: the next dispatch
-    that finds nothing queued forgets them).
+    to skip the keys already taken (once none is queued, the lists left hold only such keys
+    and are dropped).
 
     A lookup that ends while its keys are queued marks those nobody else waits for as
     :attr:`abandoned`; :meth:`take` asks again about those (someone may have joined them
@@ -75,7 +78,44 @@ class KeyTable:
         """An RPC of ``keys`` is over: they are no longer sending."""
         self.sending.difference_update(keys)
 
-    def queue_round(self, keys: Sequence[bytes], fresh: int) -> None:
+    def enter(self, keys: Sequence[bytes], subs: Sequence[int]) -> tuple[int, int]:
+        """One round's open ``keys``, with their subscribers ``subs``: each joins the key
+        queued or in flight, or is queued. Returns how many were queued and how many joined.
+
+        A round of :data:`BULK` keys or more that nothing else wants (a cold round) is entered
+        with one update; the others key by key."""
+        waiting, sending = self.waiting, self.sending
+        if not keys:
+            return 0, 0
+        if len(keys) >= BULK and (not waiting or waiting.keys().isdisjoint(keys)):
+            before = len(waiting)
+            waiting.update(zip(keys, subs))
+            if len(waiting) - before == len(keys):
+                self._queue_round(keys, len(keys))
+                return len(keys), 0
+            for key in keys:  # a key repeats in the round: one entry per position
+                waiting.pop(key, None)  # (none of them was there before)
+        to_send = []
+        fresh = shared = 0
+        for sub, key in zip(subs, keys):
+            others = waiting.get(key)
+            if others is None:
+                waiting[key] = sub
+                fresh += 1
+                to_send.append(key)
+                continue
+            if isinstance(others, int):
+                waiting[key] = [others, sub]
+            else:
+                others.append(sub)
+            shared += 1
+            if key not in sending:  # joined while queued: the round's share may pull it out
+                to_send.append(key)
+        if fresh:
+            self._queue_round(to_send, fresh)
+        return fresh, shared
+
+    def _queue_round(self, keys: Sequence[bytes], fresh: int) -> None:
         """A round queued ``keys``: ``fresh`` of them new to :attr:`waiting` (entered there
         already), the others joined while queued."""
         self.rounds.append(_Round(keys))
@@ -114,7 +154,8 @@ class KeyTable:
             if stop < len(keys):
                 entry.pos = stop
                 rounds.append(entry)  # to the back: the others go first
-        if not rounds:
+        if not rounds or not self.queued:  # (left: at most copies of keys taken already)
+            rounds.clear()
             self.queued = 0
             self.copies = False
             self.abandoned.clear()  # (only queued keys need the check)
