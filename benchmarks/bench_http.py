@@ -12,7 +12,11 @@ and over HTTP as ``POST /v1/lookup`` with
 
 at 1, 16, 64 and 256 connections (HTTP/1.1 keep-alive, one request in flight per connection,
 like as many callers in process). The server is ``uvicorn fastapi_app:app --no-access-log``
-with httptools and uvloop, one worker, started by the script; its CPU is read from /proc. The
+with httptools and uvloop, started by the script: one worker, and beside it the same server
+with :data:`WORKERS` workers (``--workers``; the kernel spreads the connections over them,
+each worker with its own coordinator); its CPU (every process of it) is read from /proc. The
+one-worker server's RPCs are its own ``/metrics``; the several workers', which no one
+worker's ``/metrics`` holds, the master's count of ``batch_is_exist`` calls. The
 client is a small asyncio protocol on uvloop sending pre-encoded requests, in this process; its
 own CPU time is reported beside the server's. Every mode's hits are checked against the
 in-process ones.
@@ -59,7 +63,9 @@ from aio_mclookup._loadgen.workload import Request, preset_layout
 
 SECTION = "bench_http"
 CONCURRENCY = (1, 16, 64, 256)
-MODES = ("in-process", "http-json", "http-frame")
+MODES = ("in-process", "http-json", "http-frame", "workers-json", "workers-frame")
+WORKERS = max(2, min(4, os.cpu_count() or 2))
+"""Workers of the second server: one per vCPU (at least two, at most four)."""
 TOKEN_CONCURRENCY = (64, 256)
 TOKEN_MODES = ("in-process-tokens", "http-tokens")
 HASH_SEED = "0"  # the server's AIO_MCLOOKUP_HASH_SEED (vLLM 0.26's chat preset needs one)
@@ -180,8 +186,28 @@ async def drive(
 
 
 def _cpu_of(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    """CPU seconds of process ``pid`` and every process below it (uvicorn's workers)."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stats[int(entry)] = (
+                    Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                )
+            except OSError:  # (a process that ended meanwhile)
+                continue
+    tree, total, grew = {pid}, 0.0, True
+    while grew:
+        grew = False
+        for child, fields in stats.items():
+            if child not in tree and int(fields[1]) in tree:
+                tree.add(child)
+                grew = True
+    for member in tree:
+        if member in stats:
+            fields = stats[member]
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
 
 
 def _metric(text: str, name: str) -> float:
@@ -192,7 +218,9 @@ def _metric(text: str, name: str) -> float:
 class Server:
     """``uvicorn fastapi_app:app`` in a child process, on a free loopback port."""
 
-    def __init__(self, layout_path: Path, master: LocalMaster) -> None:
+    def __init__(self, layout_path: Path, master: LocalMaster, workers: int = 1) -> None:
+        self.workers = workers
+        self.master = master
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -210,6 +238,8 @@ class Server:
         argv += ["--port", str(self.port), "--no-access-log", "--http", "httptools"]
         argv += ["--no-proxy-headers", "--no-server-header", "--loop", "uvloop"]
         argv += ["--log-level", "warning", "--backlog", "2048"]
+        if workers > 1:
+            argv += ["--workers", str(workers)]
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
         shown = [a for a in argv[3:] if a != str(self.port) and a != "--port"]
         shown[shown.index("--app-dir") + 1] = "examples"
@@ -234,9 +264,19 @@ class Server:
         writer.close()
         return data
 
-    async def rpcs_and_lookups(self) -> tuple[float, float]:
-        text = (await self.get("/metrics")).decode()
-        return _metric(text, "aio_mclookup_rpcs_total"), _metric(text, "aio_mclookup_lookups_total")
+    async def rpcs_and_lookups(self) -> tuple[float, float | None]:
+        """RPCs and lookups so far: the worker's own ``/metrics``; with several workers, the
+        master's ``batch_is_exist`` calls (nothing else calls it meanwhile) and no count of
+        lookups (each worker counts its own)."""
+        if self.workers == 1:
+            text = (await self.get("/metrics")).decode()
+            rpcs = _metric(text, "aio_mclookup_rpcs_total")
+            return rpcs, _metric(text, "aio_mclookup_lookups_total")
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.master.metrics_port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        text = (await reader.read(-1)).decode()
+        writer.close()
+        return _metric(text, "master_batch_exist_key_requests_total"), None
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -270,7 +310,8 @@ async def run_http(
     for conn in conns:
         assert conn.transport is not None
         conn.transport.close()
-    assert lookups1 - lookups0 == len(bodies), (lookups0, lookups1)
+    if lookups0 is not None and lookups1 is not None:
+        assert lookups1 - lookups0 == len(bodies), (lookups0, lookups1)
     return Run(
         mode,
         concurrency,
@@ -371,37 +412,46 @@ async def main_async(args: argparse.Namespace) -> str:
                 plan = layout.plan(len(ids), hasher.hash(ids))
                 await writer.put_keys([k.decode() for k in plan.keys])
             server = Server(layout_path, master)
+            servers = Server(layout_path, master, WORKERS)
             try:
                 await server.wait_ready()
-                json_bodies = [encode_json(server.port, r) for r in requests]
-                frame_bodies = [encode_frame(server.port, r) for r in requests]
+                await servers.wait_ready()
+                bodies = {
+                    "http-json": [encode_json(server.port, r) for r in requests],
+                    "http-frame": [encode_frame(server.port, r) for r in requests],
+                    "workers-json": [encode_json(servers.port, r) for r in requests],
+                    "workers-frame": [encode_frame(servers.port, r) for r in requests],
+                }
                 token_bodies = [encode_tokens(server.port, ids) for ids in prompts]
                 async with (
                     MooncakeStore(master.master_address, master.metadata_server) as store,
                     LookupCoordinator(layout, store, cache_ttl=CACHE_TTL) as coordinator,
                 ):
-                    # Warm both coordinators with the whole workload once (their caches
-                    # then hold for the whole run: CACHE_TTL).
+                    # Warm the coordinators with the whole workload (their caches then hold
+                    # for the whole run: CACHE_TTL); the workers' twice, each worker seeing
+                    # only the connections the kernel gave it.
                     await run_in_process(coordinator, requests, 64)
-                    await run_http(server, json_bodies, 64, "warm-up", False)
+                    await run_http(server, bodies["http-json"], 64, "warm-up", False)
+                    for _ in range(2):
+                        await run_http(servers, bodies["workers-json"], 64, "warm-up", False)
                     await run_in_process_tokens(coordinator, hasher, prompts, 64)
                     await run_http(server, token_bodies, 64, "warm-up", False)
                     for rep in range(args.reps):
                         for concurrency in CONCURRENCY:
                             n = len(requests) if concurrency > 1 else len(requests) // 4
-                            order = MODES[rep % 3 :] + MODES[: rep % 3]
-                            for mode in order:
+                            turn = rep % len(MODES)
+                            for mode in MODES[turn:] + MODES[:turn]:
                                 if mode == "in-process":
                                     run = await run_in_process(
                                         coordinator, requests[:n], concurrency
                                     )
-                                elif mode == "http-json":
-                                    run = await run_http(
-                                        server, json_bodies[:n], concurrency, mode, False
-                                    )
                                 else:
                                     run = await run_http(
-                                        server, frame_bodies[:n], concurrency, mode, True
+                                        servers if mode.startswith("workers") else server,
+                                        bodies[mode][:n],
+                                        concurrency,
+                                        mode,
+                                        mode.endswith("frame"),
                                     )
                                 runs.setdefault((mode, concurrency), []).append(run)
                                 report_run(run)
@@ -419,6 +469,7 @@ async def main_async(args: argparse.Namespace) -> str:
                                 report_run(run)
             finally:
                 server.stop()
+                servers.stop()
     elapsed = time.perf_counter() - started
     # Every mode must give the in-process hits (the frame's answer is the scheduler view of
     # the same lookup: vLLM 0.26's leave-one-token rule applied to it).
@@ -427,7 +478,7 @@ async def main_async(args: argparse.Namespace) -> str:
             base = runs[("in-process-tokens", concurrency)][0].hits
         else:
             base = runs[("in-process", concurrency)][0].hits
-        if mode == "http-frame":
+        if mode.endswith("frame"):
             base = [layout.leave_one_token(h, r.token_len) for h, r in zip(base, requests)]
         for run in mode_runs:
             if run.hits != base:
@@ -456,11 +507,14 @@ def targets(runs: dict[tuple[str, int], list[Run]]) -> str:
         for c in (64, 256)
     }
     return (
-        f"Targets at 64 connections: JSON hex {ratio('http-json', 64):.2f} of the in-process "
-        f"lookups/s (target 0.35), the compact frame {ratio('http-frame', 64):.2f} (target "
-        f"0.50); at 256, {ratio('http-json', 256):.2f} and {ratio('http-frame', 256):.2f}. RPCs "
-        f"per lookup over HTTP at most {rpcs[64]:.3f} at 64 connections and {rpcs[256]:.3f} at "
-        "256 (target 0.25)."
+        f"Targets at 64 connections: one worker serves JSON hex at {ratio('http-json', 64):.2f} "
+        f"of the in-process lookups/s (target 0.35) and the compact frame at "
+        f"{ratio('http-frame', 64):.2f} (target 0.50); {WORKERS} workers at "
+        f"{ratio('workers-json', 64):.2f} and {ratio('workers-frame', 64):.2f}. At 256 "
+        f"connections: {ratio('http-json', 256):.2f} and {ratio('http-frame', 256):.2f} "
+        f"(one worker), {ratio('workers-json', 256):.2f} and "
+        f"{ratio('workers-frame', 256):.2f} ({WORKERS} workers). RPCs per lookup over HTTP at "
+        f"most {rpcs[64]:.3f} at 64 connections and {rpcs[256]:.3f} at 256 (target 0.25)."
     )
 
 
@@ -498,8 +552,11 @@ def report(
                 if mode == "in-process"
                 else f"{statistics.median(r.client_cpu / r.lookups for r in rs) * 1e6:.0f}"
             )
+            label = mode.replace("workers-", "http-") + (
+                f", {WORKERS} workers" if mode.startswith("workers") else ""
+            )
             rows.append(
-                f"| {concurrency} | {mode} | {med([r.rate for r in rs])} | {ratio} | "
+                f"| {concurrency} | {label} | {med([r.rate for r in rs])} | {ratio} | "
                 f"{statistics.median(pct(r.latencies, 50) for r in rs):.2f} | "
                 f"{statistics.median(pct(r.latencies, 99) for r in rs):.2f} | "
                 f"{statistics.median(r.rpcs for r in rs):.3f} | "
@@ -535,14 +592,18 @@ def report(
             f"Measured {time.strftime('%Y-%m-%d')} on {m['nproc']} vCPU {m['cpu']}, "
             f"{m['python']}; a real `mooncake_master` on 127.0.0.1. Command: "
             f"`python benchmarks/bench_http.py{' --quick' if args.quick else ''} "
-            f"--reps {args.reps}` ({elapsed:.0f} s). Server: `{command}` (one worker). "
+            f"--reps {args.reps}` ({elapsed:.0f} s). Server: `{command}` (one worker), and "
+            f'beside it the same with `--workers {WORKERS}` (rows "{WORKERS} workers": each '
+            "worker a process with its own coordinator, the kernel spreading the connections "
+            "over them; their RPCs counted by the master, their CPU summed). "
             f"Workload: bench_coalesce's chat scenario, {count:,} requests of 4,096 tokens "
             "(256 hashes of 32 bytes) sharing 64 cached system prompts; a quarter of them at 1 "
             "connection. Each figure is the median over "
-            f"{args.reps} repetitions (min-max); the three modes alternate within each "
-            "repetition on the same master. Both coordinators (the server's and the "
-            f"in-process one) run with `cache_ttl={CACHE_TTL:g}` after one warm-up pass of "
-            "the whole workload, so every measured run of either starts with its caches warm "
+            f"{args.reps} repetitions (min-max); the modes alternate within each "
+            "repetition on the same master. Every coordinator (the servers' and the "
+            f"in-process one) runs with `cache_ttl={CACHE_TTL:g}` after a warm-up pass of "
+            "the whole workload (two for the workers), so every measured run starts with "
+            "its caches warm "
             "(the state of a busy server; with the default 5 s, which side's prefixes had "
             "expired at a run's start depended on the order of the modes, and an in-process "
             "run starting on expired ones ran at half the rate). The frame carries "
@@ -552,7 +613,7 @@ def report(
             "the same concurrency in the same repetition (median and min-max of those ratios). "
             "In-process rows: the "
             "coordinator in this process, its CPU in the server column. HTTP rows: server CPU "
-            "is uvicorn's process (HTTP, FastAPI, the coordinator and its Mooncake client), "
+            "is uvicorn's processes (HTTP, FastAPI, the coordinator and its Mooncake client), "
             "client CPU the load generator's own. Hits were identical to the in-process ones "
             "in every run.",
             "",

@@ -6,7 +6,10 @@ Run it (from a clone: ``pip install -e '.[fastapi,cpu]' 'uvicorn[standard]'``)::
         uvicorn fastapi_app:app --app-dir examples --host 127.0.0.1 --no-access-log
 
 (``uvicorn[standard]`` brings httptools and uvloop, which uvicorn then picks by itself; the
-access log costs a few percent per request.)
+access log costs a few percent per request.) One worker is one event loop: when its CPU is the
+limit, run a worker per core (``--workers N``) against a shared master (``MOONCAKE_MASTER``;
+without one, each worker would start a ``LocalMaster`` of its own). Each worker coalesces
+only its own lookups (docs/fastapi.md, "Performance").
 
 Environment:
 

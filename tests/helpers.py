@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 
@@ -12,3 +13,16 @@ def chain(count: int, seed: bytes) -> list[bytes]:
         parent = hashlib.sha256(parent + i.to_bytes(4, "little")).digest()
         out.append(parent)
     return out
+
+
+async def stop_process(proc: asyncio.subprocess.Process, grace: float = 30.0) -> None:
+    """Terminate ``proc`` (if it still runs) and wait for it; killed, and the test failed,
+    when it takes longer than ``grace`` seconds."""
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from helpers import stop_process
+
 pytest.importorskip("fastapi")
 
 import httpx
@@ -582,6 +584,23 @@ async def test_http_overload_and_timeout_against_real_master(mooncake_store: Any
     assert metric(text, "aio_mclookup_errors_total", '{code="timeout"}') == len(by_status[503])
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _example_env(local_master: Any) -> dict[str, str]:
+    """The environment of the example app against ``local_master``."""
+    return {
+        **os.environ,
+        "AIO_MCLOOKUP_LAYOUT": str(EXAMPLE_LAYOUT),
+        "MOONCAKE_MASTER": local_master.master_address,
+        "MOONCAKE_METADATA": local_master.metadata_server,
+    }
+
+
 @pytest.mark.integration
 async def test_example_app_serves_hits_from_a_real_master(
     local_master: Any, store_writer: Any, tmp_path: Path
@@ -594,17 +613,9 @@ async def test_example_app_serves_hits_from_a_real_master(
     hasher = BlockHasher(16, algo="sha256_cbor", seed="1234", vllm_version=layout.vllm_version)
     ids = list(range(500, 580))  # 5 blocks of 16; the first 3 stored
     await store_writer.put_keys([vllm_key(EXAMPLE_MODEL, bytes(h)) for h in hasher.hash(ids)[:3]])
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {
-        **os.environ,
-        "AIO_MCLOOKUP_LAYOUT": str(EXAMPLE_LAYOUT),
-        "MOONCAKE_MASTER": local_master.master_address,
-        "MOONCAKE_METADATA": local_master.metadata_server,
-        "AIO_MCLOOKUP_HASH_ALGO": "sha256_cbor",
-        "AIO_MCLOOKUP_HASH_SEED": "1234",
-    }
+    port = _free_port()
+    env = _example_env(local_master)
+    env.update(AIO_MCLOOKUP_HASH_ALGO="sha256_cbor", AIO_MCLOOKUP_HASH_SEED="1234")
     argv = ["-m", "uvicorn", "fastapi_app:app", "--app-dir", "examples"]
     argv += ["--host", "127.0.0.1", "--no-access-log", "--port", str(port)]
     log_path = tmp_path / "example.log"
@@ -632,19 +643,63 @@ async def test_example_app_serves_hits_from_a_real_master(
             assert config["layout"] == layout.to_dict()
             assert config["hasher"] == hasher.to_dict() and config["hasher"]["seeded"]
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 30.0)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise
+        await stop_process(proc)
     log = log_path.read_text(errors="replace")
     # uvicorn re-raises SIGTERM after a graceful shut-down.
     assert proc.returncode in (0, -signal.SIGTERM), log[-2000:]
     assert "Application shutdown complete" in log
     assert '"POST /v1/lookup HTTP/1.1" 200' not in log  # no access log
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+    return found
+
+
+@pytest.mark.integration
+async def test_example_app_with_several_workers_answers_alike_on_every_connection(
+    local_master: Any, store_writer: Any, tmp_path: Path
+) -> None:
+    """``--workers 2`` against a shared master (the docstring's advice when one worker's CPU
+    is the limit): two worker processes, and every connection, whichever worker took it,
+    gets the same hit."""
+    hashes = prompt(6)
+    await store_writer.put_keys([vllm_key(EXAMPLE_MODEL, h) for h in hashes[:3]])
+    port = _free_port()
+    env = _example_env(local_master)
+    argv = ["-m", "uvicorn", "fastapi_app:app", "--app-dir", "examples", "--host", "127.0.0.1"]
+    argv += ["--no-access-log", "--port", str(port), "--workers", "2"]
+    log_path = tmp_path / "workers.log"
+    with log_path.open("wb") as log_file:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, env=env, cwd=ROOT, stdout=log_file, stderr=log_file
+        )
+    try:
+        deadline = time.monotonic() + 60.0
+        while log_path.read_text(errors="replace").count("Application startup complete") < 2:
+            assert proc.returncode is None, log_path.read_text(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, "the workers did not start"
+            await asyncio.sleep(0.1)
+        started = re.findall(r"Started server process \[(\d+)\]", log_path.read_text())
+        assert len(set(started)) == 2 and set(map(int, started)) <= set(_children(proc.pid))
+        hits = []
+        for _ in range(16):  # a fresh connection each: the kernel picks the worker
+            async with http_client(f"http://127.0.0.1:{port}") as client:
+                r = await client.post("/v1/lookup", json=body(96, hashes))
+                assert r.status_code == 200, r.text
+                hits.append(r.json()["hit_tokens"])
+        assert hits == [48] * 16
+    finally:
+        await stop_process(proc)
+    log = log_path.read_text(errors="replace")
+    assert log.count("Application shutdown complete") == 2, log[-2000:]
 
 
 def _example_module() -> Any:
@@ -657,8 +712,13 @@ def _example_module() -> Any:
 
 @pytest.mark.parametrize(
     ("raw", "options"),
-    [(None, {}), ("600", {"cache_ttl": 600.0}), ("0.25", {"cache_ttl": 0.25}),
-     ("none", {"cache_ttl": None}), (" None ", {"cache_ttl": None})],
+    [
+        (None, {}),
+        ("600", {"cache_ttl": 600.0}),
+        ("0.25", {"cache_ttl": 0.25}),
+        ("none", {"cache_ttl": None}),
+        (" None ", {"cache_ttl": None}),
+    ],
 )
 def test_the_examples_cache_ttl_comes_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, raw: str | None, options: dict[str, Any]

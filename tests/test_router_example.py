@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from helpers import stop_process
+
 pytest.importorskip("fastapi")
 
 import httpx
@@ -146,11 +148,4 @@ async def test_the_documented_command_serves_decisions(local_master: Any, tmp_pa
             assert r.status_code == 200 and r.json()["policy"] == "cold"
             assert r.json()["backend"] in BACKENDS
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 30.0)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise
+        await stop_process(proc)

@@ -172,23 +172,33 @@ class KeyTable:
         """The keys of ``keys[pos:stop]`` still queued (not sending, nor answered, nor
         abandoned and unwanted), now sending, and where the slice ended: it reads on past
         ``stop`` as keys are skipped, up to ``room`` keys taken."""
-        abandoned, waiting, sending = self.abandoned, self.waiting, self.sending
+        waiting, sending = self.waiting, self.sending
         want = min(stop - pos, room)
         kept: list[bytes] = []  # (the caller's chunk)
-        while pos < len(keys) and len(kept) < want:
-            key = keys[pos]
-            pos += 1
-            if key in sending or key not in waiting:  # (taken by another round)
-                continue
-            if key in abandoned:
-                abandoned.discard(key)
-                if not wanted(waiting[key]):
-                    del waiting[key]
-                    self.queued -= 1
-                    continue
-            sending.add(key)
-            kept.append(key)
+        while pos < len(keys) and len(kept) < want:  # a slice at a time, of what is missing
+            end = pos + want - len(kept)
+            left = [key for key in keys[pos:end] if key not in sending and key in waiting]
+            pos = min(end, len(keys))  # (a key not left: taken by another round already)
+            if len(left) > 1:
+                left = list(dict.fromkeys(left))  # (a round may list a key twice)
+            if self.abandoned and not self.abandoned.isdisjoint(left):
+                left = [key for key in left if self._still_wanted(key, wanted)]
+            sending.update(left)
+            kept += left
         return kept, pos
+
+    def _still_wanted(self, key: bytes, wanted: Callable[[Subscribers], bool]) -> bool:
+        """Whether a queued ``key`` is to be sent: it is not abandoned, or someone joined it
+        since; an abandoned key nobody wants leaves the table."""
+        abandoned = self.abandoned
+        if key not in abandoned:
+            return True
+        abandoned.discard(key)
+        if wanted(self.waiting[key]):
+            return True
+        del self.waiting[key]
+        self.queued -= 1
+        return False
 
     def queued_keys(self) -> list[bytes]:
         """The keys queued (each once), in the order of their rounds."""
