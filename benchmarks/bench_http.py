@@ -257,8 +257,9 @@ class Server:
             await asyncio.sleep(0.1)
         raise RuntimeError("uvicorn did not start")
 
-    async def get(self, path: str) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+    async def get(self, path: str, port: int | None = None) -> bytes:
+        """One ``GET path`` on a new connection: to the server, or to loopback ``port``."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port or self.port)
         writer.write(f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
         data = await reader.read(-1)
         writer.close()
@@ -272,10 +273,7 @@ class Server:
             text = (await self.get("/metrics")).decode()
             rpcs = _metric(text, "aio_mclookup_rpcs_total")
             return rpcs, _metric(text, "aio_mclookup_lookups_total")
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.master.metrics_port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        text = (await reader.read(-1)).decode()
-        writer.close()
+        text = (await self.get("/metrics", self.master.metrics_port)).decode()
         return _metric(text, "master_batch_exist_key_requests_total"), None
 
     def stop(self) -> None:
