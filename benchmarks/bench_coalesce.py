@@ -61,9 +61,10 @@ from aio_mclookup._loadgen.run import Progress, coordinator_run, naive_run
 from aio_mclookup._loadgen.workload import PRESETS, Request, WorkloadSpec
 
 SECTION = "bench_coalesce"
-REPLAY_THREADS = 4
-"""Threads that replay a run's RPCs (twice the coordinator's default RPCs in flight, as many
-as MooncakeStore's pool; two gave the same rate within the noise)."""
+REPLAY_THREADS = (4, 8, 16)
+"""Threads that replay a run's RPCs, each count in turn; the ceiling is the best of them (4:
+twice the coordinator's default RPCs in flight, as many as MooncakeStore's pool; more keep more
+of the master's threads busy, and which count is fastest varies run to run)."""
 
 
 @dataclass(frozen=True)
@@ -322,15 +323,17 @@ async def run_scenario(
                 hits = ordered_hits(result)
                 if hits != reference or result.error_count:
                     raise SystemExit(f"{sc.name}: the recorded run gave different hits")
-                walls, master_cpus = [], []
+                walls: dict[int, list[float]] = {t: [] for t in REPLAY_THREADS}
+                master_cpus: dict[int, list[float]] = {t: [] for t in REPLAY_THREADS}
                 pid = master.pid
                 assert pid is not None
                 for _ in range(reps):
-                    theirs = _process_cpu(pid)
-                    walls.append(await asyncio.to_thread(
-                        replay, raw, recording.batches, REPLAY_THREADS
-                    ))
-                    master_cpus.append((_process_cpu(pid) - theirs) / len(requests))
+                    for threads in REPLAY_THREADS:
+                        theirs = _process_cpu(pid)
+                        walls[threads].append(await asyncio.to_thread(
+                            replay, raw, recording.batches, threads
+                        ))
+                        master_cpus[threads].append((_process_cpu(pid) - theirs) / len(requests))
         finally:
             raw.close_blocking()
     assert reference is not None
@@ -338,13 +341,18 @@ async def run_scenario(
     out.append(f"{sc.name}: hits identical in all {2 * reps + 1} runs; "
                f"hit tokens / looked-up tokens = {hit_share:.1%}")
     naive = summarize(naive_runs)
-    ceiling = len(requests) / statistics.median(walls)
+    best = min(REPLAY_THREADS, key=lambda t: statistics.median(walls[t]))
+    ceiling = len(requests) / statistics.median(walls[best])
+    others = ", ".join(
+        f"{len(requests) / statistics.median(walls[t]) / naive['rate']:.1f}x on {t}"
+        for t in REPLAY_THREADS if t != best
+    )
     out.append(
         f"{sc.name}: the coordinator's {len(recording.batches)} RPCs of one run, replayed back "
-        f"to back on {REPLAY_THREADS} threads with nothing else to do, take the time "
-        f"of {ceiling:,.0f} lookups/s ({ceiling / naive['rate']:.1f}x seed-naive's rate; the "
-        f"master's CPU {statistics.median(master_cpus) * 1e6:,.0f} us per lookup): the most "
-        "any client sending these RPCs could reach here"
+        f"to back with nothing else to do, take at best (on {best} threads) the time "
+        f"of {ceiling:,.0f} lookups/s ({ceiling / naive['rate']:.1f}x seed-naive's rate; "
+        f"{others}; the master's CPU {statistics.median(master_cpus[best]) * 1e6:,.0f} us per "
+        "lookup): the most any client sending these RPCs could reach here"
     )
     return {"coordinator": summarize(coord_runs), "seed-naive": naive}
 
