@@ -148,6 +148,10 @@ class _Conn(asyncio.Protocol):
             return
         head = buf[:end].lower()
         at = head.find(b"content-length:")
+        if at < 0:  # (the server always sends one: anything else is a failure to report)
+            if self.feed is not None:
+                self.feed.fail(RuntimeError(f"a reply without content-length: {head[:200]!r}"))
+            return
         stop = head.find(b"\r\n", at)
         length = int(head[at + 15 : stop if stop >= 0 else None])
         need = end + 4 + length
