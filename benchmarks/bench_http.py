@@ -104,6 +104,12 @@ class _Feed:
         if not self.done.done():
             self.done.set_exception(error)
 
+    def idle(self) -> None:
+        """A connection found nothing left to send: the run is over when none is busy."""
+        self.busy -= 1
+        if not self.busy and not self.done.done():
+            self.done.set_result(None)
+
 
 class _Conn(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection, one request in flight at a time: it sends the
@@ -131,9 +137,7 @@ class _Conn(asyncio.Protocol):
         i = feed.next
         if i == len(feed.bodies):
             self.index = -1
-            feed.busy -= 1
-            if not feed.busy and not feed.done.done():
-                feed.done.set_result(None)
+            feed.idle()
             return
         feed.next = i + 1
         self.index = i
