@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import aio_mclookup as mcl
-from aio_mclookup._plan.probing import ProbeState
+from aio_mclookup._plan.rounds import probe_state
 
 DATA = Path(__file__).resolve().parent / "data"
 CASES: list[dict[str, Any]] = [
@@ -86,7 +86,7 @@ def test_case_probed(case: dict[str, Any]) -> None:
     answers = np.array(case["exists"], dtype=np.int64)
     assert plan.resolve(answers) == case["expected_hit"]
     present = answers == 1
-    state = ProbeState(plan)
+    state = probe_state(plan)
     probed: set[int] = set()
     while True:
         idx = np.asarray(state.next_keys(2))

@@ -6,13 +6,16 @@ and uvloop."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aio_mclookup as mcl
+from aio_mclookup._plan.rounds import probe_state
 from test_hits_v033 import requests
 
 try:
@@ -80,3 +83,95 @@ def test_coordinator_results_equal_the_plans_own(
             assert isinstance(result, mcl.InvalidRequest)
         else:
             assert result == want[i]
+
+
+# ---------------------------------------------------------------------- rounds, directly
+DSV4_LIKE = mcl.KVLayout(
+    [
+        mcl.FullAttention(256),
+        mcl.SlidingWindow(64, sliding_window=128),
+        mcl.SlidingWindow(4, sliding_window=8),
+        mcl.SlidingWindow(8, sliding_window=128),
+    ],
+    model="deepseek-ai/DeepSeek-V4-Pro",
+    hash_block_size=4,
+    scheduler_block_size=256,
+)
+HYBRID_TP4 = mcl.KVLayout(
+    [mcl.FullAttention(16), mcl.SlidingWindow(16, sliding_window=128)],
+    model="openai/gpt-oss-120b",
+    hash_block_size=16,
+    scheduler_block_size=16,
+    tp_size=4,
+    num_kv_heads=8,
+)
+
+
+def _chain(n: int, tag: bytes) -> list[bytes]:
+    out, parent = [], tag
+    for i in range(n):
+        parent = hashlib.sha256(parent + i.to_bytes(4, "little")).digest()
+        out.append(parent)
+    return out
+
+
+def _stored(layout: mcl.KVLayout, hashes: list[bytes]) -> list[bytes]:
+    """The keys of a prompt stored whole (what a lookup of all of it probes)."""
+    return layout.plan(len(hashes) * layout.hash_block_size, hashes).keys
+
+
+async def test_a_hybrid_probes_far_fewer_keys_than_one_round_with_the_same_result() -> None:
+    # DSv4-like, 64K tokens, stored up to 24K (96 chunks): not the 5,376 keys of one round.
+    hashes = _chain(16384, b"doc")
+    store = mcl.FakeStore(_stored(DSV4_LIKE, hashes[: 24576 // 4]))
+    plan = DSV4_LIKE.plan(65536 + 100, hashes)
+    answers = [1 if k in store.present else 0 for k in plan.keys]
+    want = plan.resolve_result(answers)
+    assert want.hit_length == 24576 and plan.num_keys == 5376
+    # An idle store: latency first, two rounds (the full prefix and the windows at the end
+    # it may reach, then the windows at the hit: 256 + 2 * 20 keys).
+    async with mcl.LookupCoordinator(DSV4_LIKE, store) as coord:
+        assert await coord.lookup_result(65536 + 100, hashes) == want
+        stats = coord.stats()
+    assert stats.keys_sent_total == 296 and stats.rounds_total == 2
+    # A busy store's windows (16 chunks, doubling, with scouts): the prefix to its first
+    # miss and the windows at the hit, close to the 117 keys an exact answer needs.
+    state = probe_state(plan)
+    present = np.array(answers) == 1
+    sent = rounds = 0
+    while len(idx := state.next_keys(16 << min(rounds, 20))):
+        rounds += 1
+        sent += len(idx)
+        state.record(idx, present[np.asarray(idx)])
+    assert state.result == want
+    assert sent <= 117 * 1.25, sent
+
+
+async def test_a_hybrid_takes_its_full_attention_prefix_from_the_known_prefixes() -> None:
+    hashes = _chain(256, b"prompt")
+    store = mcl.FakeStore(_stored(HYBRID_TP4, hashes[:200]))
+    plan = HYBRID_TP4.plan(256 * 16, hashes)
+    want = plan.resolve_result([1 if k in store.present else 0 for k in plan.keys])
+    async with mcl.LookupCoordinator(HYBRID_TP4, store, cache_ttl=60.0) as coord:
+        assert await coord.lookup_result(256 * 16, hashes) == want
+        first = coord.stats()
+        sent, cached = first.keys_sent_total, first.cache_hits_total
+        assert await coord.lookup_result(256 * 16, hashes) == want
+        again = coord.stats()
+    # The second lookup's full-attention prefix (200 chunks, 4 namespaces) comes from the
+    # known prefixes without a key built; it probes only past them (an idle store: the rest
+    # of the prefix the answer may rest on, in one round).
+    assert again.cache_hits_total - cached >= 200 * 4
+    assert again.keys_sent_total - sent <= (256 - 200) * 4 + 2 * 8 * 4
+    assert len(coord._core._prefixes) >= 200  # (rows of the full-attention group's tree)
+
+
+async def test_a_multi_group_plan_with_rank_namespaces_is_tracked_by_chunk() -> None:
+    hashes = _chain(64, b"items")
+    store = mcl.FakeStore(_stored(HYBRID_TP4, hashes[:40]))
+    plan = HYBRID_TP4.plan(64 * 16, hashes)
+    assert plan._chunk_keys == 4  # (an item: a chunk's keys in every namespace)
+    want = plan.resolve_result([1 if k in store.present else 0 for k in plan.keys])
+    async with mcl.LookupCoordinator(HYBRID_TP4, store) as coord:
+        assert await coord.lookup_result(64 * 16, hashes) == want
+    assert all(len(call) % 4 == 0 for call in store.calls)

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aio_mclookup as mcl
-from aio_mclookup._plan.probing import ProbeState
+from aio_mclookup._plan.rounds import probe_state
 from aio_mclookup._reference.v033 import BaselineLookupV033
 
 MAX_UNITS = 80
@@ -152,14 +152,16 @@ def _probed_result(
     plan: mcl.LookupPlan, answers: list[int], window: int | None
 ) -> mcl.LookupResult:
     present = np.array([a == 1 for a in answers], dtype=bool)
-    state = ProbeState(plan)
+    state = probe_state(plan)
     seen: set[int] = set()
     for _ in range(plan.num_keys + 2):
         idx = state.next_keys(window)
         got = list(idx)
         if not got:
             break
-        assert not seen & set(got)
+        ahead = {got[pos] for pos in state.answered_ahead[0]}  # scouts answered earlier
+        assert ahead <= seen
+        assert not seen & (set(got) - ahead)
         seen.update(got)
         state.record(idx, present[got].tolist())
     assert state.result is not None
@@ -200,6 +202,7 @@ def check_request(
             consistent = all(answer_of.setdefault(k, a) == a for k, a in zip(want_keys, answers))
             if consistent:  # (a store answers one key one way: rounds may rely on that)
                 assert _probed_result(plan, answers, 3) == got
+                assert _probed_result(plan, answers, 8) == got  # (windows with scouts)
 
 
 @settings(
@@ -303,7 +306,7 @@ def test_rounds_of_a_lone_full_attention_plan_are_exact_and_partial() -> None:
     plan = layout.plan(16 * 40, _h(40))
     assert not plan.probe_in_one_round
     present = np.array([i < 23 for i in range(plan.num_keys)])
-    state = ProbeState(plan)
+    state = probe_state(plan)
     sent = 0
     while True:
         idx = state.next_keys(4)
@@ -316,11 +319,38 @@ def test_rounds_of_a_lone_full_attention_plan_are_exact_and_partial() -> None:
     assert sent < plan.num_keys
 
 
-def test_hybrid_plans_probe_in_one_round() -> None:
+def test_hybrid_plans_probe_in_rounds_and_send_fewer_keys() -> None:
+    # full 32 + SWA 8/W8, 512 tokens stored up to 256: the first round probes the full
+    # prefix's first window only (SWA keys wait while full attention is unsettled); the
+    # window at the hit comes once the full prefix is known.
     layout = _layout([mcl.FullAttention(32), mcl.SlidingWindow(8, 8)], 8, 32)
-    plan = layout.plan(128, _h(16))
+    plan = layout.plan(512, _h(64))
+    assert not plan.probe_in_one_round
+    unit = [int(bytes.fromhex(k.rsplit(b"@", 1)[1].decode())[1:]) for k in plan.keys]
+    present = np.array([(u + 1) * 8 <= 256 for u in unit])  # every group, up to 256 tokens
+    answers = [1 if p else 0 for p in present]
+    state = probe_state(plan)
+    first = state.next_keys(4)
+    assert all(b"@group:0@" in plan.keys[i] for i in first)  # full attention only
+    assert len(first) == 4
+    state.record(first, present[np.asarray(list(first))])
+    sent = len(first)
+    while True:
+        idx = state.next_keys(4)
+        if not len(idx):
+            break
+        sent += len(idx)
+        state.record(idx, present[np.asarray(list(idx))])
+    assert state.result == plan.resolve_result(answers)
+    assert state.result is not None and state.result.hit_length == 256
+    assert sent < plan.num_keys // 2
+
+
+def test_repeated_hashes_in_a_hybrid_plan_probe_in_one_round() -> None:
+    layout = _layout([mcl.FullAttention(32), mcl.SlidingWindow(8, 8)], 8, 32)
+    plan = layout.plan(128, _h(8) * 2)
     assert plan.probe_in_one_round
-    state = ProbeState(plan)
+    state = probe_state(plan)
     idx = state.next_keys(1)
     assert list(idx) == list(range(plan.num_keys))  # everything, whatever the window
     state.record(idx, [True] * plan.num_keys)
@@ -334,7 +364,7 @@ def test_026_results_carry_no_boundaries() -> None:
     assert plan.resolve_result([1] * 4) == mcl.LookupResult(64)
     assert plan.resolve_result([1] * 4).to_bytes() == bytes.fromhex("00000040")
     assert plan.resolve_result(None) == mcl.LookupResult(0)
-    state = ProbeState(plan)
+    state = probe_state(plan)
     while len(idx := state.next_keys()):
         state.record(idx, [True] * len(idx))
     assert state.result == mcl.LookupResult(64)

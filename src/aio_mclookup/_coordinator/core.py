@@ -38,6 +38,7 @@ from .._observe.stats import CoordinatorStats
 from .._plan.keys import ITEM_END
 from .._plan.plan import LookupPlan
 from .._plan.probing import SCOUTS, ProbeState
+from .._plan.rounds import probe_state
 from .._resolve.answers import present_keys
 from .breaker import Breaker
 from .caches import KnownPrefixes, NextChunk, PositiveCache, common_rows
@@ -104,8 +105,10 @@ class LookupState:
     """The request leaves the known run right after its known prefix: no walker can share
     its next chunk, so it does not look for one."""
     prefix_rows: npt.NDArray[np.uint8] | None = None
-    """A lone full-attention group's hash rows, when its known-present prefix is to be
-    remembered in the :class:`KnownPrefixes` once the lookup settles."""
+    """The hash rows of a full-attention group probed whole (``plan.groups[prefix_group]``),
+    when its known-present prefix is to be remembered in the :class:`KnownPrefixes` once the
+    lookup settles."""
+    prefix_group: int = 0
     prefix_from_runs: int = 0
     """Chunks the known prefixes answered at the start (nothing new to remember there)."""
     valid_until: float = math.inf
@@ -159,18 +162,17 @@ class CoordinatorCore:
         first round. It may settle at once (see :attr:`settled`)."""
         self._now = now
         options = self.options
-        lookup = LookupState(plan, ProbeState(plan, options.rounds), next(self._idents), waiter)
+        lookup = LookupState(plan, probe_state(plan, options.rounds), next(self._idents), waiter)
         self.lookups[lookup.ident] = lookup
         self.pending_keys += plan.num_keys
         try:
             prefix_mode = lookup.state.known_prefix is not None
-            if prefix_mode:
-                unit = plan._chunk_keys
-                if 1 < unit <= options.max_keys_per_rpc:
-                    lookup.unit = unit
-                    if unit > self._unit:
-                        self._unit = unit
-            elif plan.num_keys <= _EAGER_KEYS:
+            unit = plan._chunk_keys  # (rounds always probe whole chunks)
+            if 1 < unit <= options.max_keys_per_rpc:
+                lookup.unit = unit
+                if unit > self._unit:
+                    self._unit = unit
+            elif not prefix_mode and plan.num_keys <= _EAGER_KEYS:
                 _build_keys(plan)  # one vectorised build beats several partial ones
             if (
                 options.rounds
@@ -275,7 +277,8 @@ class CoordinatorCore:
         round's window is in chunks per spec-group; each chunk has a key per namespace and
         member group)."""
         plan = lookup.plan
-        per_chunk = len(plan.geometry.namespaces) * max(1, len(plan.groups))
+        per_chunk = max(1, sum(map(len, plan.geometry.prefix_bytes)))  # (a key per namespace
+        # of every group)
         cap = max(1, self.options.max_round_keys // per_chunk - SCOUTS)  # (scouts: past it)
         return cap if window is None or window > cap else window
 
@@ -296,18 +299,16 @@ class CoordinatorCore:
         lookup.state.record(lookup.round_keys, present)
 
     def _remember_prefix(self, lookup: LookupState) -> None:
-        """A lone full-attention lookup settled: remember its present prefix by hash rows."""
+        """A lookup settled: remember its full-attention group's present prefix by hash
+        rows."""
         assert lookup.prefix_rows is not None
-        known = lookup.state.known_prefix
-        if (
-            known is not None
-            and known > lookup.prefix_from_runs
-            and lookup.valid_until > self._now
-        ):
+        known, then_absent = lookup.state.leading_known(lookup.prefix_group)
+        if known > lookup.prefix_from_runs and lookup.valid_until > self._now:
             rows = lookup.prefix_rows
-            miss = rows[known].tobytes() if known < lookup.plan.groups[0].limit else None
+            miss = rows[known].tobytes() if then_absent else None
+            probe = lookup.plan.groups[lookup.prefix_group]
             self._prefixes.add(
-                lookup.plan.geometry.prefix_bytes[0],
+                lookup.plan.geometry.prefix_bytes[probe.group_id],
                 rows[:known],
                 lookup.valid_until,
                 self.options.cache_max_keys,
@@ -409,32 +410,35 @@ class CoordinatorCore:
         """Answer the full-attention chunks the caches know, before the first round, so the
         first probe starts where the cached prefix ends.
 
-        A lone full-attention group first asks the known prefixes (one compare of hash rows,
-        no keys built); then, for every full-attention group, the key cache is read a block
-        at a time from there, so a short cached prefix costs little.
+        The first full-attention group that probes every chunk first asks the known
+        prefixes (one compare of hash rows, no keys built); then, for every full-attention
+        group, the key cache is read a block at a time from there, so a short cached prefix
+        costs little.
         """
         plan = lookup.plan
         geometry = plan.geometry
         cache = self._cache
         now = self._now
         cache.expire(now)
-        k = len(geometry.namespaces)
-        for probe in plan.groups:
+        asked = False
+        for index, probe in enumerate(plan.groups):
             spec = geometry.groups[probe.group_id]
             if not probe.chunks.size or not isinstance(spec, FullAttention):
                 continue
+            k = len(geometry.prefix_bytes[probe.group_id])  # (its namespaces)
             span = plan._key_span(probe)
             run = 0
             likely_miss = True
-            if prefix_mode and probe.hash_rows is not None:
-                signature = geometry.prefix_bytes[0]
+            if not asked and probe.hash_rows is not None and (prefix_mode or probe.dense):
+                asked = True
+                signature = geometry.prefix_bytes[probe.group_id]
                 prompt = KnownPrefixes.key_of(signature, probe.hash_rows)
                 if self.options.cache_ttl is not None:  # remember its prefix once it settles
                     lookup.prefix_rows = probe.hash_rows
+                    lookup.prefix_group = index
                     lookup.prompt = prompt
-                chunks, lookup.valid_until = self._prefixes.leading(
-                    signature, probe.hash_rows, now, prompt
-                )
+                chunks, until = self._prefixes.leading(signature, probe.hash_rows, now, prompt)
+                lookup.valid_until = min(lookup.valid_until, until)
                 lookup.prefix_from_runs = chunks
                 run = chunks * k
                 if chunks:

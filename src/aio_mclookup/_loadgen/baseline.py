@@ -1,6 +1,7 @@
-"""The seed-naive baseline: vLLM's own per-request way (its key loop and hit search, from the
+"""The baselines: seed-naive, vLLM's own per-request way (its key loop and hit search, from the
 literal ports in ``_reference``, plus one ``batch_is_exist`` per request through the loop's
-default executor, as Mooncake's own async wrapper does)."""
+default executor, as Mooncake's own async wrapper does), and per-request, the same with this
+project's planning (what a user who skips the coordinator gets)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._errors import StoreError
@@ -19,7 +20,7 @@ from .._store.pool import client_config
 from .results import RunResult
 from .workload import Request
 
-__all__ = ["Lookup", "RawClient", "naive_lookup"]
+__all__ = ["Lookup", "RawClient", "naive_lookup", "per_request_lookup"]
 
 class RawClient:
     """A plain ``MooncakeDistributedStore`` used exactly as Mooncake's async wrapper uses it:
@@ -63,8 +64,6 @@ def naive_lookup(
     from .._reference.v026 import BaselineLookup
     from .._reference.v033 import BaselineLookupV033
 
-    client = raw.client
-    loop = asyncio.get_running_loop()
     clock = time.perf_counter
 
     def hash_list(req: Request) -> list[bytes]:
@@ -78,16 +77,7 @@ def naive_lookup(
         width = rows.shape[1]
         return [blob[i : i + width] for i in range(0, len(blob), width)]
 
-    async def answers_for(keys: list[str]) -> list[int]:
-        result.keys_planned += len(keys)
-        result.rpcs += 1
-        result.rounds += 1
-        result.keys_sent += len(keys)
-        answers: list[int] = await loop.run_in_executor(None, client.batch_is_exist, keys)
-        code = failed_rpc_code(answers)
-        if code is not None:
-            raise StoreError(f"batch_is_exist failed with code {code}", code=code)
-        return answers
+    answers_for = _one_rpc(raw, result)
 
     if layout.vllm_version == "0.26.0":
         baseline = BaselineLookup(layout.to_dict())
@@ -113,3 +103,43 @@ def naive_lookup(
         return baseline_033.resolve(req.num_tokens, hashes, meta, answers).hit_length
 
     return lookup_033
+
+
+def per_request_lookup(layout: KVLayout, raw: RawClient, result: RunResult) -> Lookup:
+    """One request at a time with this project's planning: ``layout.plan``, one
+    executor-hopped ``batch_is_exist`` of all its keys, ``plan.resolve_result``; the
+    scheduler's count as :func:`naive_lookup` gives it."""
+    answers_for = _one_rpc(raw, result)
+    legacy = layout.vllm_version == "0.26.0"
+
+    async def lookup(req: Request) -> int:
+        plan = layout.plan(req.token_len if legacy else req.num_tokens, req.hashes)
+        keys = plan.keys
+        if not keys:
+            return 0
+        hit = plan.resolve_result(await answers_for(keys)).hit_length
+        return layout.leave_one_token(hit, req.num_tokens) if legacy else hit
+
+    return lookup
+
+
+def _one_rpc(
+    raw: RawClient, result: RunResult
+) -> Callable[[Sequence[str] | Sequence[bytes]], Awaitable[list[int]]]:
+    """A baseline's RPC: every key of one request in one executor-hopped
+    ``batch_is_exist``, counted into ``result``; a failed RPC raised."""
+    client = raw.client
+    loop = asyncio.get_running_loop()
+
+    async def answers_for(keys: Sequence[str] | Sequence[bytes]) -> list[int]:
+        result.keys_planned += len(keys)
+        result.rpcs += 1
+        result.rounds += 1
+        result.keys_sent += len(keys)
+        answers: list[int] = await loop.run_in_executor(None, client.batch_is_exist, keys)
+        code = failed_rpc_code(answers)
+        if code is not None:
+            raise StoreError(f"batch_is_exist failed with code {code}", code=code)
+        return answers
+
+    return answers_for

@@ -14,12 +14,17 @@ import numpy as np
 from .._layout.layout import KVLayout
 from .workload import Workload, WorkloadSpec
 
-__all__ = ["COORDINATOR", "NAIVE", "LoadgenConfig", "LoadgenReport", "RunResult", "version"]
+__all__ = [
+    "COORDINATOR", "NAIVE", "PER_REQUEST", "LoadgenConfig", "LoadgenReport", "RunResult", "version",
+]
 
 COORDINATOR = "coordinator"
 
 
 NAIVE = "seed-naive"
+PER_REQUEST = "per-request"
+"""One request at a time with this project's planning: what a user who skips the coordinator
+gets (see :func:`~.baseline.per_request_lookup`)."""
 
 
 @dataclass

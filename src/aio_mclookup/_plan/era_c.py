@@ -19,6 +19,7 @@ from .._resolve.answers import present_keys
 from .._resolve.era_c import era_c_result, lone_full_attention_hit
 from .._resolve.result import LookupResult, TailKeyBoundary
 from .hashes import RequestHashes
+from .keys import ITEM_END, assemble, assemble_items
 from .plan import LookupPlan, build_plan
 from .probe import GroupProbe, duplicate_ids
 
@@ -80,9 +81,12 @@ class EraCPlan(LookupPlan):
 
     @property
     def probe_in_one_round(self) -> bool:
-        """Rounds follow vLLM 0.32 / 0.33 exactly only for one block-aligned full-attention
-        group (a prefix: probed in order); every other plan is probed in one round."""
-        return self.short or not self.single_full_attention
+        """Rounds cannot follow vLLM 0.32 / 0.33: some group has fewer hashes than the
+        length needs (vLLM may then raise), or hashes repeat in a plan that is not a lone
+        full-attention prefix (vLLM keys presence by hash: a repeat elsewhere counts)."""
+        if self.short:
+            return True
+        return not self.single_full_attention and self.hash_ids is not None
 
     @property
     def short(self) -> bool:
@@ -98,9 +102,64 @@ class EraCPlan(LookupPlan):
         return range(probe.key_offset, probe.key_offset + probe.chunks.size * k)
 
     def _keys_at(self, indices: KeyIndices) -> list[bytes]:
-        if len(self._groups) > 1 and self._keys is None and self.key_array() is None:
-            self.keys  # noqa: B018 - builds the list (namespace counts differ by group)
-        return super()._keys_at(indices)
+        """The keys at ascending key indices, assembling only those (each group with its
+        own namespace count)."""
+        if len(self._groups) == 1 or self._keys is not None or self._key_array is not None:
+            return super()._keys_at(indices)
+        at = np.arange(indices.start, indices.stop) if isinstance(indices, range) else indices
+        prefixes = self.geometry.prefix_bytes
+        out: list[bytes] = []
+        for probe in self._groups:
+            end = probe.key_offset + probe.chunks.size * len(prefixes[probe.group_id])
+            lo = int(np.searchsorted(at, probe.key_offset))
+            hi = int(np.searchsorted(at, end))
+            if hi > lo:
+                out.extend(assemble(self.geometry, probe, at[lo:hi] - probe.key_offset))
+        return out
+
+    @property
+    def _chunk_keys(self) -> int:
+        """Keys per item (see :meth:`LookupPlan._chunk_keys`): here also for several groups,
+        when every group has the same namespace count (above 1) and keys of one width."""
+        if len(self._groups) < 2:
+            return super()._chunk_keys
+        geometry = self.geometry
+        counts = {len(geometry.prefix_bytes[p.group_id]) for p in self._groups}
+        k = counts.pop()
+        if counts or k < 2:
+            return 1
+        for probe in self._groups:
+            gid = probe.group_id
+            if (
+                probe.hash_rows is None
+                or geometry.prefix_rows[gid] is None
+                or any(ITEM_END in prefix for prefix in geometry.prefix_bytes[gid])
+            ):
+                return 1
+        return k
+
+    def _items_at(self, indices: KeyIndices) -> list[bytes]:
+        """The items of the chunks that ascending key indices cover whole, group by
+        group."""
+        if len(self._groups) < 2:
+            return super()._items_at(indices)
+        k = len(self.geometry.prefix_bytes[self._groups[0].group_id])
+        out: list[bytes] = []
+        for probe in self._groups:
+            offset = probe.key_offset
+            end = offset + probe.chunks.size * k
+            if isinstance(indices, range):
+                lo, hi = max(indices.start, offset), min(indices.stop, end)
+                if hi > lo:
+                    chunks: range | IntArray = range((lo - offset) // k, (hi - offset) // k)
+                    out.extend(assemble_items(self.geometry, probe, chunks))
+                continue
+            lo = int(np.searchsorted(indices, offset))
+            hi = int(np.searchsorted(indices, end))
+            if hi > lo:
+                chunks = (indices[lo:hi:k] - offset) // k
+                out.extend(assemble_items(self.geometry, probe, chunks))
+        return out
 
     def __repr__(self) -> str:
         return (

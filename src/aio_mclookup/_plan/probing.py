@@ -4,7 +4,7 @@ far (:class:`ProbeState`, pure: no I/O, no clock)."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,8 +16,9 @@ from .._resolve.hits import longest_hit
 from .._resolve.presence import merge
 from .._resolve.result import LookupResult
 from .plan import LookupPlan
+from .probe import GroupProbe
 
-__all__ = ["SCOUTS", "SCOUT_WINDOW", "ProbeState"]
+__all__ = ["SCOUTS", "SCOUT_WINDOW", "ProbeState", "group_answers", "position_keys"]
 
 SCOUT_WINDOW = 8
 """Prefix-mode rounds probing at least this many chunks also send scouts (see ProbeState)."""
@@ -45,7 +46,7 @@ class ProbeState:
     """
 
     __slots__ = (
-        "_ahead", "_all_at_once", "_answered", "_bound", "_flat", "_prefix", "_present",
+        "_ahead", "_all_at_once", "_answered", "_bound", "_prefix", "_present",
         "_result", "_scouted", "_scouted_run", "answered_ahead", "hit", "plan", "rounds",
     )
 
@@ -73,12 +74,8 @@ class ProbeState:
         self._answered: tuple[BoolArray, ...] = ()  # per group (tuples: no GC tracking)
         self._present: tuple[BoolArray, ...] = ()
         self._result: LookupResult | None = None
-        self._flat: tuple[BoolArray, BoolArray] | None = None
-        """vLLM 0.32+ plans probed in one round: (answered, present) per key."""
         if plan.single_full_attention and not self._all_at_once:
             self._prefix = 0
-        elif plan.geometry.rules is not None:
-            self._flat = (np.zeros(plan.num_keys, dtype=bool), np.zeros(plan.num_keys, dtype=bool))
         else:
             self._answered = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
             self._present = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
@@ -93,16 +90,6 @@ class ProbeState:
             self._result = self.plan.result_for_hit(self.hit)
         return self._result
 
-    def _settle_flat(self) -> bool:
-        """vLLM 0.32+ one-round mode: resolve once every key is answered."""
-        assert self._flat is not None
-        answered, present = self._flat
-        if not answered.all():
-            return False
-        self._result = self.plan._resolve_present_result(present)
-        self.hit = self._result.hit_length
-        return True
-
     @property
     def all_at_once(self) -> bool:
         """Every key goes in the first round (rounds off, or
@@ -114,6 +101,13 @@ class ProbeState:
         """How many chunks from the first are known present (their keys answered present),
         or None outside the lone full-attention case (prefix mode)."""
         return self._prefix
+
+    def leading_known(self, group: int) -> tuple[int, bool]:
+        """How many chunks of ``plan.groups[group]`` from the first are known present, and
+        whether the chunk after them is known absent."""
+        if self._prefix is not None:
+            return self._prefix, self._prefix < self.plan.groups[0].limit
+        return _known_run(self._answered[group], self._present[group])
 
     def next_keys(self, window: int | None = None) -> KeyIndices:
         """Key indices to probe next (ascending); empty once :attr:`hit` is set.
@@ -129,12 +123,6 @@ class ProbeState:
         if not plan.num_keys:  # vLLM answers 0 without an RPC
             self.hit = 0
             return EMPTY
-        if self._flat is not None:
-            if self._settle_flat():
-                return EMPTY
-            self.rounds += 1
-            answered = self._flat[0]
-            return np.flatnonzero(~answered) if answered.any() else range(plan.num_keys)
         self.rounds += 1
         if self.rounds == 1 and self._all_at_once:
             return range(plan.num_keys)
@@ -173,12 +161,7 @@ class ProbeState:
             for gid in sg.group_ids:
                 probe = plan.groups[gid]
                 pos = chunks if probe.dense else np.searchsorted(probe.chunks, chunks)
-                if k == 1:
-                    wanted.append(probe.key_offset + pos)
-                else:
-                    wanted.append(
-                        probe.key_offset + (pos[:, None] * k + np.arange(k)[None, :]).ravel()
-                    )
+                wanted.append(position_keys(probe, pos, k))
         # Groups own disjoint key ranges and positions are unique: sorting is enough.
         return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
 
@@ -233,17 +216,6 @@ class ProbeState:
         count = len(key_indices)
         if self.hit is not None:
             return
-        if self._flat is not None:
-            answered, known_present = self._flat
-            idx: slice | IntArray = (
-                slice(key_indices.start, key_indices.stop)
-                if isinstance(key_indices, range)
-                else np.asarray(key_indices)
-            )
-            answered[idx] = True
-            known_present[idx] = np.asarray(present, dtype=bool)
-            self._settle_flat()
-            return
         k = len(self.plan.geometry.namespaces)
         if self.rounds == 1 and count == self.plan.num_keys:  # every key at once
             self.hit = self.plan._resolve_present(np.asarray(present, dtype=bool))
@@ -271,22 +243,10 @@ class ProbeState:
                     self._note_scouts(key_indices[filled:], present[filled:], offset, k)
                 return
             self._leave_prefix_mode()
-        indices = np.asarray(key_indices, dtype=np.int64)
-        answers = np.asarray(present, dtype=bool)
-        single = len(self.plan.groups) == 1
-        for probe, answered, chunk_present in zip(self.plan.groups, self._answered, self._present):
-            if single:
-                lo, hi = 0, count
-            else:
-                lo = int(np.searchsorted(indices, probe.key_offset))
-                hi = int(np.searchsorted(indices, probe.key_offset + probe.chunks.size * k))
-            if hi <= lo:
-                continue
-            local = indices[lo:hi] - probe.key_offset
-            pos = local[::k] // k
-            got = answers[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else answers[lo:hi]
-            answered[pos] = True
-            chunk_present[pos] = got
+        counts = (k,) * len(self.plan.groups)
+        for group, pos, got in group_answers(self.plan.groups, counts, key_indices, present):
+            self._answered[group][pos] = True
+            self._present[group][pos] = got
 
     def record_present(self, key_indices: range) -> None:
         """Record that a run of keys covering whole chunks is present (known from a cache)."""
@@ -339,6 +299,44 @@ class ProbeState:
         self._answered = (answered,)
         self._present = (present,)
         self._prefix = None
+
+
+def group_answers(
+    groups: Sequence[GroupProbe],
+    key_counts: Sequence[int],
+    key_indices: KeyIndices,
+    present: Sequence[object] | npt.NDArray[Any],
+) -> Iterator[tuple[int, IntArray, BoolArray]]:
+    """Answers for ascending key indices that cover whole probe positions, per group: its
+    index, the positions answered and whether each is present (every one of its
+    ``key_counts[i]`` namespace keys answered truthy)."""
+    indices = np.asarray(key_indices, dtype=np.int64)
+    answers = np.asarray(present, dtype=bool)
+    single = len(groups) == 1
+    for i, (probe, k) in enumerate(zip(groups, key_counts)):
+        if single:
+            lo, hi = 0, indices.size
+        else:
+            lo = int(indices.searchsorted(probe.key_offset))
+            hi = int(indices.searchsorted(probe.key_offset + probe.chunks.size * k))
+        if hi <= lo:
+            continue
+        pos = (indices[lo:hi:k] - probe.key_offset) // k
+        got: BoolArray = answers[lo:hi].reshape(-1, k).all(axis=1) if k > 1 else answers[lo:hi]  # type: ignore[assignment]
+        yield i, pos, got
+
+
+def position_keys(probe: GroupProbe, positions: IntArray, k: int) -> IntArray:
+    """The key indices of a group's probe positions, each in its ``k`` namespaces."""
+    if k == 1:
+        return probe.key_offset + positions
+    return probe.key_offset + (positions[:, None] * k + np.arange(k)[None, :]).ravel()
+
+
+def _known_run(answered: BoolArray, present: BoolArray) -> tuple[int, bool]:
+    """:meth:`ProbeState.leading_known` from one group's per-position answers."""
+    run = _leading(answered & present)
+    return run, run < answered.size and bool(answered[run])
 
 
 def _leading(present: BoolArray) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._arrays import BoolArray
+from .._arrays import BoolArray, IntArray
 from .._errors import InvalidRequest
 from .._layout.geometry import Geometry
 from .._layout.groups import ChunkedLocalAttention, FullAttention, Mamba, SlidingWindow
@@ -29,7 +29,7 @@ from .hits import (
 )
 from .result import LookupResult, TailKeyBoundary
 
-__all__ = ["era_c_result", "lone_full_attention_hit"]
+__all__ = ["era_c_partial", "era_c_result", "lone_full_attention_hit"]
 
 
 def _leading_true(present: BoolArray) -> int:
@@ -40,21 +40,59 @@ def _leading_true(present: BoolArray) -> int:
 
 
 class _Search:
-    """vLLM's store-coordinator hit search over one request's presence."""
+    """vLLM's store-coordinator hit search over one request's presence.
 
-    def __init__(self, geometry: Geometry, rules: EraCRules, present: Sequence[BoolArray]):
+    With ``known`` (per store group, by hash index: answered yet), ``present`` is the
+    optimistic view (unknown counts as present) and every manager call also notes the unknown
+    hash units its answer rests on (:attr:`depends`). Each manager's answer is exact once
+    those are known (present) and every other unit it read is known absent, and each call's
+    inputs are the previous calls' outputs: so when no call notes anything, the whole search,
+    re-derivation and all, is the one vLLM runs on the full answers.
+
+    ``lazy``: while a full-attention spec-group (evaluated first) rests on unknowns, the
+    others note nothing: their inputs are still guesses, so their keys could be wasted.
+    """
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        rules: EraCRules,
+        present: Sequence[BoolArray],
+        known: Sequence[BoolArray] | None = None,
+        lazy: bool = False,
+    ):
         self.rules = rules
         self.h = geometry.hash_block_size
         self.count = present[0].size if present else 0
         merged: list[BoolArray] = []
+        merged_known: list[BoolArray] = []
         for sg in rules.spec_groups:
             arr = present[sg.group_ids[0]]
             for gid in sg.group_ids[1:]:
                 arr = arr & present[gid]
             merged.append(arr)
+            if known is not None:  # known: every member answered, or some member absent
+                kn = known[sg.group_ids[0]]
+                if len(sg.group_ids) > 1:
+                    for gid in sg.group_ids[1:]:
+                        kn = kn & known[gid]
+                    kn = kn | ~arr
+                merged_known.append(kn)
         self.units = merged
         """Per spec-group: presence by hash index (present in every member)."""
+        self.known = merged_known if known is not None else None
+        """Per spec-group: whether that presence is known (None: everything is)."""
+        self.depends: list[list[IntArray]] = [[] for _ in rules.spec_groups]
+        """Per spec-group: the unknown hash units noted so far."""
+        self.lazy = lazy
+        self._full_pending = False
         self._chunks: dict[tuple[int, int], BoolArray] = {}
+        self._known_chunks: dict[tuple[int, int], BoolArray] = {}
+
+    @property
+    def exact(self) -> bool:
+        """No answer so far rests on an unknown unit."""
+        return not any(self.depends)
 
     def chunks(self, i: int, block_size: int) -> BoolArray:
         """Spec-group ``i``'s presence by chunk: the chunk's last hash (vLLM's compact view,
@@ -66,11 +104,44 @@ class _Search:
             self._chunks[(i, block_size)] = got
         return got
 
+    def known_chunks(self, i: int, block_size: int) -> BoolArray | None:
+        """:meth:`chunks`' knownness (None: everything is known)."""
+        if self.known is None:
+            return None
+        got = self._known_chunks.get((i, block_size))
+        if got is None:
+            s = block_size // self.h
+            got = self.known[i][s - 1 :: s]
+            self._known_chunks[(i, block_size)] = got
+        return got
+
+    def _note(self, i: int, sg: EraCSpecGroup, units: IntArray) -> None:
+        if not units.size:
+            return
+        if sg.full_attention:
+            self._full_pending = True
+        elif self.lazy and self._full_pending:
+            return
+        self.depends[i].append(units)
+
+    def _note_chunks(self, i: int, sg: EraCSpecGroup, chunks: IntArray) -> None:
+        if chunks.size:
+            s = sg.spec.block_size // self.h
+            self._note(i, sg, (chunks + 1) * s - 1)
+
+    def _unknown_units(self, i: int, start: int, stop: int) -> IntArray:
+        if self.known is None or stop <= start:
+            return _NO_UNITS
+        return np.flatnonzero(~self.known[i][start:stop]) + start
+
     def manager(self, i: int, sg: EraCSpecGroup, max_length: int, drop: bool) -> int:
         spec, a, h = sg.spec, self.rules.alignment, self.h
         block = spec.block_size
+        known = self.known_chunks(i, block)
         if isinstance(spec, FullAttention):
             blocks = _leading_true(self.chunks(i, block)[: max(0, max_length) // block])
+            if known is not None:
+                self._note_chunks(i, sg, np.flatnonzero(~known[:blocks]))
             if not self.rules.fine:
                 return full_attention_prefix_hit(blocks, block, a, drop)
             hit = blocks * block
@@ -81,12 +152,16 @@ class _Search:
                 if stop > first:
                     found = np.flatnonzero(self.units[i][first:stop])
                     if found.size:
-                        hit = (first + int(found[-1]) + 1) * h
+                        unit = first + int(found[-1])
+                        hit = (unit + 1) * h
+                        self._note(i, sg, self._unknown_units(i, unit, unit + 1))
             if drop and hit > 0:
                 hit -= h
             return hit // a * a
         if isinstance(spec, SlidingWindow):
-            return sliding_window_hit(self.chunks(i, block), None, spec, max_length, a, drop)[0]
+            hit, found = sliding_window_hit(self.chunks(i, block), known, spec, max_length, a, drop)
+            self._note_chunks(i, sg, found)
+            return hit
         if isinstance(spec, ChunkedLocalAttention):
             if drop:
                 raise InvalidRequest(
@@ -98,12 +173,20 @@ class _Search:
                     f"chunked_local block_size={block} differs from the lookup alignment {a}: "
                     "vLLM asserts they match ('not compatible with chunked local attention')"
                 )
-            return chunked_local_hit(self.chunks(i, block), None, spec, max_length)[0]
+            hit, found = chunked_local_hit(self.chunks(i, block), known, spec, max_length)
+            self._note_chunks(i, sg, found)
+            return hit
         assert isinstance(spec, Mamba)
         if self.rules.fine:  # the rightmost present hash unit (never an EAGLE drop)
             found = np.flatnonzero(self.units[i][: min(max(0, max_length) // h, self.count)])
-            return (int(found[-1]) + 1) * h if found.size else 0
-        return mamba_hit(self.chunks(i, block), None, block, max_length, a)[0]
+            if not found.size:
+                return 0
+            unit = int(found[-1])
+            self._note(i, sg, self._unknown_units(i, unit, unit + 1))
+            return (unit + 1) * h
+        hit, found = mamba_hit(self.chunks(i, block), known, block, max_length, a)
+        self._note_chunks(i, sg, found)
+        return hit
 
     def margin(self, sg: EraCSpecGroup) -> int:
         """How far past the running length an EAGLE spec-group looks (never for Mamba)."""
@@ -145,23 +228,113 @@ class _Search:
                 break
         return hit
 
+    def hit_for(self, num_tokens: int) -> int:
+        """vLLM's hit for a request of ``num_tokens`` tokens: the search, and below the
+        request end again on the same presence if it reached it."""
+        a = self.rules.alignment
+        hit = self.longest(num_tokens // a * a)
+        if hit >= num_tokens:
+            usable = (num_tokens - 1) // a * a
+            if usable <= 0:
+                return 0
+            hit = self.longest(usable)
+        return max(hit, 0)
+
+
+_NO_UNITS = np.zeros(0, dtype=np.int64)
+
 
 def era_c_result(geometry: Geometry, num_tokens: int, present: Sequence[BoolArray]) -> LookupResult:
     """vLLM 0.32 / 0.33's lookup result for ``num_tokens`` tokens, from per store group
     presence by hash index (see the module docstring)."""
     rules = geometry.rules
     assert rules is not None
-    a = rules.alignment
-    search = _Search(geometry, rules, present)
-    hit = search.longest(num_tokens // a * a)
-    if hit >= num_tokens:  # searched again below the request end, on the same presence
-        usable = (num_tokens - 1) // a * a
-        if usable <= 0:
-            return LookupResult(0)
-        hit = search.longest(usable)
+    hit = _Search(geometry, rules, present).hit_for(num_tokens)
     if hit <= 0:
         return LookupResult(0)
     return LookupResult(hit, tail_key_boundaries(geometry, rules, hit, present))
+
+
+def era_c_partial(
+    geometry: Geometry,
+    num_tokens: int,
+    present: Sequence[BoolArray],
+    known: Sequence[BoolArray],
+    window: int | None = None,
+    scouts: int = 0,
+) -> LookupResult | list[IntArray]:
+    """vLLM 0.32 / 0.33's result from partly known presence, or what it still rests on.
+
+    ``present`` and ``known`` are per store group, by hash index; unknown units count as
+    present. Returns the exact :class:`LookupResult` when nothing unknown can change it
+    (raising vLLM's errors as :func:`era_c_result` does), else per store group the unknown
+    hash units to learn next (ascending; at most ``window`` per spec-group for the hit
+    search, and then only those of full attention while it is not settled: see
+    :class:`_Search`). A full-attention spec-group cut at ``window`` also gets ``scouts``
+    units past it: the last unknown chunk of each quarter of the next window, twice as wide,
+    so that an absent one bounds the next window (its keys would be wasted past the miss)."""
+    rules = geometry.rules
+    assert rules is not None
+    search = _Search(geometry, rules, present, known, lazy=window is not None)
+    hit = search.hit_for(num_tokens)
+    if not search.exact:
+        wanted: list[list[IntArray]] = [[] for _ in geometry.groups]
+        for sg, noted, sg_known in zip(rules.spec_groups, search.depends, search.known or ()):
+            if not noted:
+                continue
+            units = np.unique(np.concatenate(noted)) if len(noted) > 1 else noted[0]
+            units = units[~sg_known[units]]  # (noted by several calls: once)
+            if window is not None and units.size > window:
+                if scouts and sg.full_attention:
+                    quarter = max(1, window // 2)
+                    ahead = units[window + quarter - 1 : window + scouts * quarter : quarter]
+                    units = np.concatenate((units[:window], ahead))
+                else:
+                    units = units[:window]
+            for gid in sg.group_ids:
+                mine = units[~known[gid][units]]
+                if mine.size:
+                    wanted[gid].append(mine)
+        return [np.concatenate(w) if len(w) > 1 else w[0] if w else _NO_UNITS for w in wanted]
+    if hit <= 0:
+        return LookupResult(0)
+    boundaries = _partial_boundaries(geometry, rules, hit, present, known)
+    if isinstance(boundaries, list):
+        return boundaries
+    return LookupResult(hit, boundaries)
+
+
+def _partial_boundaries(
+    geometry: Geometry,
+    rules: EraCRules,
+    hit: int,
+    present: Sequence[BoolArray],
+    known: Sequence[BoolArray],
+) -> tuple[TailKeyBoundary, ...] | list[IntArray]:
+    """:func:`tail_key_boundaries` once every unit it reads is known, else per store group
+    the unknown units it reads (up to the first that may be present)."""
+    h = geometry.hash_block_size
+    j = hit // h - 1
+    wanted: list[IntArray] = []
+    missing = False
+    for gid, spec in enumerate(geometry.groups):
+        units, kn = present[gid], known[gid]
+        need = _NO_UNITS
+        if j < units.size and not kn[j]:
+            need = np.array([j], dtype=np.int64)
+        elif j < units.size and not units[j] and rules.fine:  # the scan above the hit
+            block = spec.block_size
+            end = min(-(-hit // block) * block // h, units.size)
+            if end > j + 1:
+                maybe = np.flatnonzero(units[j + 1 : end]) + j + 1  # present or unknown
+                if maybe.size and not kn[maybe[0]]:
+                    stop = np.flatnonzero(kn[maybe])  # the unknown ones before a known one
+                    need = maybe[: int(stop[0])] if stop.size else maybe
+        missing = missing or bool(need.size)
+        wanted.append(need)
+    if missing:
+        return wanted
+    return tail_key_boundaries(geometry, rules, hit, present)
 
 
 def tail_key_boundaries(

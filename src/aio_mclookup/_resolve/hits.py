@@ -101,40 +101,76 @@ def sliding_window_hit(
     _too_few_hashes("sliding-window", num_blocks, present)
     window = present[:num_blocks]
     need = max(window_blocks(spec, drop_eagle), 1)  # vLLM tests `run >= need` after +1
-    openers = _openers(num_blocks, block_size, alignment, drop_eagle)
+    step, top = _top_opener(num_blocks, block_size, alignment, drop_eagle)
     blocks = -1
     depends = _NONE
-    if window.size and openers.size:
-        candidates = openers[openers >= need - 1]
-        if candidates.size * need <= window.size:  # test just the candidate windows
-            full = window[candidates[:, None] - np.arange(need)[None, :]].all(axis=1)
+    if window.size and top >= need - 1:
+        opener = None
+        at = top
+        for _ in range(_SCALAR_TESTS):  # the usual answer: the top window, or one near it
+            if at < need - 1:
+                break
+            if window[at + 1 - need : at + 1].all():
+                opener = at
+                break
+            at -= step
         else:
-            counts = np.concatenate(([0], np.cumsum(window, dtype=np.int64)))
-            full = (counts[candidates + 1] - counts[candidates + 1 - need]) == need
-        if full.any():
-            opener = int(candidates[int(np.argmax(full))])
+            if at >= need - 1:
+                candidates = np.arange(at, need - 2, -step, dtype=np.int64)
+                opener = _first_full_run(window, candidates, need)
+        if opener is not None:
             blocks = opener + 1
             depends = _unknown(known, opener + 1 - need, opener + 1)
     if blocks < 0:  # no full run: the run the scan was counting when it reached block 0
         leading = _leading_true(window)
         depends = _unknown(known, 0, leading)
-        below = openers[openers < leading]
-        blocks = _align_down(int(below[0]) + 1 if below.size else 0, block_size, alignment)
+        below = top if top < leading else top - ((top - leading) // step + 1) * step
+        blocks = _align_down(below + 1 if below >= 0 else 0, block_size, alignment)
     if drop_eagle and blocks:
         blocks = _align_down(blocks - 1, block_size, alignment)
     return blocks * block_size, depends
 
 
-def _openers(num_blocks: int, block_size: int, alignment: int, drop_eagle: bool) -> IntArray:
-    """Blocks that may open a run, highest first: those whose right edge (left edge with
-    EAGLE) is a multiple of ``alignment`` (always a multiple of the block size here)."""
+def _first_full_run(window: BoolArray, candidates: IntArray, need: int) -> int | None:
+    """The first of the ``candidates`` (descending block indices) whose ``need`` blocks up to
+    it are all present, or None. Candidates are tested from the top in batches growing
+    eightfold: the usual answer (the top one, or one near it) costs a few dozen elements,
+    not a pass over the window."""
+    start, batch = 0, 4
+    steps = np.arange(need)[None, :]
+    counts = None
+    while start < candidates.size:
+        part = candidates[start : start + batch]
+        if counts is None and part.size * need > window.size:  # cheaper by prefix sums
+            counts = np.concatenate(([0], np.cumsum(window, dtype=np.int64)))
+        if counts is None:
+            full = window[part[:, None] - steps].all(axis=1)
+        else:
+            full = (counts[part + 1] - counts[part + 1 - need]) == need
+        if full.any():
+            return int(part[int(np.argmax(full))])
+        start += batch
+        batch *= 8
+    return None
+
+
+_SCALAR_TESTS = 4
+"""Candidate windows :func:`sliding_window_hit` tests one by one before testing the rest in
+batches (one numpy call each beats a batch's several for the first few)."""
+
+
+def _top_opener(
+    num_blocks: int, block_size: int, alignment: int, drop_eagle: bool
+) -> tuple[int, int]:
+    """The blocks that may open a run are ``top, top - step, ...`` down to 0 (none when
+    ``top`` < 0): those whose right edge (left edge with EAGLE) is a multiple of
+    ``alignment`` (always a multiple of the block size here). Returns ``(step, top)``."""
     step = alignment // block_size
     if num_blocks <= 0:
-        return _NONE
+        return step, -1
     if step == 1:
-        return np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
-    top = (num_blocks - 1) // step * step if drop_eagle else num_blocks // step * step - 1
-    return np.arange(top, -1, -step, dtype=np.int64)
+        return step, num_blocks - 1
+    return step, (num_blocks - 1) // step * step if drop_eagle else num_blocks // step * step - 1
 
 
 def chunked_local_hit(

@@ -1,0 +1,151 @@
+"""Probing a vLLM 0.32 / 0.33 plan in rounds (:class:`EraCProbeState`, pure: no I/O, no
+clock): every plan but a lone block-aligned full-attention group, which probes its prefix
+(:class:`~.probing.ProbeState`'s prefix mode)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._arrays import EMPTY, BoolArray, IntArray, KeyIndices
+from .._resolve.era_c import era_c_partial
+from .._resolve.result import LookupResult
+from .era_c import EraCPlan
+from .probing import (
+    SCOUT_WINDOW,
+    SCOUTS,
+    ProbeState,
+    _known_run,
+    group_answers,
+    position_keys,
+)
+
+__all__ = ["EraCProbeState"]
+
+
+class EraCProbeState(ProbeState):
+    """Probe a vLLM 0.32 / 0.33 plan in rounds, sending only keys that can change its
+    :class:`LookupResult` (hit and tail-key boundaries).
+
+    Each round runs vLLM's search on what is known so far, unknown keys counting as present
+    (:func:`~.._resolve.era_c.era_c_partial`): the unknown hash units its answer rests on (the
+    full-attention prefix up to the first miss, each other group's window at the running
+    hit, the tail keys at the hit) are probed next, at most ``window`` per spec-group, and
+    only full attention's while it is unsettled (a full-attention window also carries scouts,
+    as :class:`~.probing.ProbeState`'s prefix mode does). Once nothing unknown is read, the
+    result is the one vLLM computes from every key. Plans that cannot follow vLLM in rounds
+    (too few hashes for the length, repeated hashes, or rounds off) send every key in one
+    round.
+
+    Per store group it keeps, by probe position (a probed chunk, or hash unit in fine-grained
+    mode), whether the position is answered and present.
+    """
+
+    __slots__ = (
+        "_flat_keys", "_group_answered", "_group_present", "_known_units", "_maybe_units",
+    )
+
+    plan: EraCPlan
+
+    def __init__(self, plan: EraCPlan, rounds: bool = True) -> None:
+        super().__init__(plan, rounds)
+        self._prefix = None
+        self._flat_keys: tuple[BoolArray, BoolArray] | None = None
+        """One-round mode: (answered, present) per key."""
+        if self._all_at_once:
+            self._flat_keys = (
+                np.zeros(plan.num_keys, dtype=bool), np.zeros(plan.num_keys, dtype=bool)
+            )
+        self._group_answered = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
+        self._group_present = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
+        # Per store group, by hash index: known yet, and present or unknown. A unit the group
+        # does not probe is known absent (vLLM's presence set holds only probed keys; plans
+        # whose hashes repeat are not probed in rounds).
+        known_units: list[BoolArray] = []
+        maybe_units: list[BoolArray] = []
+        if not self._all_at_once:
+            for units in plan._units:
+                known = np.ones(plan._hash_count, dtype=bool)
+                known[units] = False
+                known_units.append(known)
+                maybe_units.append(~known)
+        self._known_units = tuple(known_units)
+        self._maybe_units = tuple(maybe_units)
+
+    def _settle(self, result: LookupResult) -> None:
+        self._result = result
+        self.hit = result.hit_length
+
+    def leading_known(self, group: int) -> tuple[int, bool]:
+        if self._flat_keys is not None:
+            return 0, False
+        return _known_run(self._group_answered[group], self._group_present[group])
+
+    def next_keys(self, window: int | None = None) -> KeyIndices:
+        """Key indices to probe next (ascending); empty once :attr:`hit` is set. ``window``
+        caps the unknown units probed per spec-group this round (the lowest first)."""
+        plan = self.plan
+        if self.hit is not None:
+            return EMPTY
+        if not plan.num_keys:  # vLLM answers 0 without an RPC
+            self._settle(LookupResult(0))
+            return EMPTY
+        if self._flat_keys is not None:
+            answered, present = self._flat_keys
+            if answered.all():
+                self._settle(plan._resolve_present_result(present))
+                return EMPTY
+            self.rounds += 1
+            return np.flatnonzero(~answered) if answered.any() else range(plan.num_keys)
+        scouts = SCOUTS if window is not None and window >= SCOUT_WINDOW else 0
+        found = era_c_partial(
+            plan.geometry, plan.num_tokens, self._maybe_units, self._known_units, window, scouts
+        )
+        if isinstance(found, LookupResult):
+            self._settle(found)
+            return EMPTY
+        self.rounds += 1
+        wanted: list[IntArray] = []
+        prefixes = plan.geometry.prefix_bytes
+        for probe, units, probed_units in zip(plan.groups, found, plan._units):
+            if not units.size:
+                continue
+            k = len(prefixes[probe.group_id])
+            wanted.append(position_keys(probe, np.searchsorted(probed_units, units), k))
+        # Groups own disjoint key ranges and positions are unique: sorting is enough.
+        return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
+
+    def record(
+        self, key_indices: KeyIndices, present: Sequence[object] | npt.NDArray[Any]
+    ) -> None:
+        """Record answers (truthy = present) for ascending key indices that cover whole
+        probe positions (every namespace of their group)."""
+        if self.hit is not None or not len(key_indices):
+            return
+        if self._flat_keys is not None:
+            answered, known_present = self._flat_keys
+            idx: slice | IntArray = (
+                slice(key_indices.start, key_indices.stop)
+                if isinstance(key_indices, range)
+                else np.asarray(key_indices)
+            )
+            answered[idx] = True
+            known_present[idx] = np.asarray(present, dtype=bool)
+            return
+        plan = self.plan
+        prefixes = plan.geometry.prefix_bytes
+        counts = [len(prefixes[probe.group_id]) for probe in plan.groups]
+        for group, pos, got in group_answers(plan.groups, counts, key_indices, present):
+            self._group_answered[group][pos] = True
+            self._group_present[group][pos] = got
+            at = plan._units[group][pos]
+            self._known_units[group][at] = True
+            self._maybe_units[group][at] = got
+
+    def record_present(self, key_indices: range) -> None:
+        """Record that a run of keys covering whole probe positions is present (known from a
+        cache)."""
+        self.record(key_indices, np.ones(len(key_indices), dtype=bool))
