@@ -5,7 +5,7 @@ raw bytes), and for page 0 the namespace seed or nothing. A body is the page's i
 little-endian; under EAGLE a page is ``page_size`` bigrams ``(t_j, t_{j+1})``, both ids each.
 From 0.5.23 a page reading an id above 2**32 - 1 is *wide*: ``0xff`` then the same ids as
 uint64. Ids are packed for every page at once (numpy); the chain then costs one hashlib call
-per page, reading its prior and body from one buffer.
+per page.
 """
 
 from __future__ import annotations
@@ -27,7 +27,17 @@ __all__ = ["namespace_seed", "page_hashes", "token_ids_q"]
 _NAMESPACE_TAG = b"sglang-cache-namespace-v1"
 _WIDE_TAG = b"\xff"
 _U32_MAX = (1 << 32) - 1
-_DIGEST = 32
+_SMALL_BODY = 32
+"""Bodies up to this many bytes (pages of 8 ids or fewer) hash faster with CPython's own
+SHA-256 than with OpenSSL's, whose per-call setup dominates such small inputs (see
+benchmarks/bench_sglang_hash.py)."""
+try:  # (CPython's built-in module: _sha256 up to 3.11, _sha2 from 3.12)
+    from _sha256 import sha256 as _SMALL_SHA256  # type: ignore[import-not-found]
+except ImportError:
+    try:
+        from _sha2 import sha256 as _SMALL_SHA256  # type: ignore[import-not-found]
+    except ImportError:
+        _SMALL_SHA256 = hashlib.sha256
 
 
 def namespace_seed(extra_key: object, cache_salt: object) -> bytes | None:
@@ -52,9 +62,10 @@ def namespace_seed(extra_key: object, cache_salt: object) -> bytes | None:
     return hashlib.sha256(b"".join(parts)).digest() if present else None
 
 
-def token_ids_q(token_ids: object) -> npt.NDArray[np.int64]:
-    """The token ids as SGLang's scheduler holds them (an ``array("q")``): int64, every id in
-    ``-2**63 .. 2**63 - 1``; from a list, a tuple, another sequence or a 1-D integer array."""
+def token_ids_q(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uint32]:
+    """The token ids as SGLang's scheduler holds them (an ``array("q")``: every id in
+    ``-2**63 .. 2**63 - 1``), from a list, a tuple, another sequence or a 1-D integer array:
+    uint32 when every id fits (the usual case: nothing left to check), else int64."""
     if isinstance(token_ids, np.ndarray):
         return _from_array(token_ids)
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)) or not isinstance(
@@ -71,8 +82,12 @@ def token_ids_q(token_ids: object) -> npt.NDArray[np.int64]:
             field="token_ids",
         )
     ids = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
+    try:  # (C loops that refuse non-ints and ids beyond the type; 32 bits is the fast one)
+        return np.frombuffer(array.array("I", ids), dtype=np.uintc).astype("<u4", copy=False)
+    except (TypeError, OverflowError):
+        pass
     try:
-        packed = array.array("q", ids)  # (a C loop: refuses non-ints and ids beyond int64)
+        packed = array.array("q", ids)
     except (TypeError, OverflowError):
         raise _bad_id(ids) from None
     return np.frombuffer(packed, dtype=np.int64)
@@ -97,6 +112,8 @@ def _from_array(arr: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
             "holds token ids in an array('q'))",
             field="token_ids",
         )
+    if arr.dtype == np.uint32 or (arr.dtype.kind == "u" and arr.dtype.itemsize < 4):
+        return arr.astype("<u4", copy=False)
     return arr.astype(np.int64, copy=False)
 
 
@@ -135,81 +152,59 @@ def page_hashes(
         return []
     units = pages * page_size
     read = tokens[: units + 1] if eagle else tokens[:units]
-    if int(read.min()) < 0:
-        at = int(np.argmax(read < 0))
-        raise InvalidRequest(
-            f"token id {int(read[at])} at index {at} is negative (SGLang refuses it in a "
-            "hashed page)",
-            field="token_ids",
-        )
-    big = read > _U32_MAX
     wide_pages: npt.NDArray[np.bool_] | None = None
-    if big.any():
-        if not wide:
-            at = int(np.argmax(big))
+    if read.dtype != np.uint32:  # (ids that may be negative or wide)
+        if int(read.min()) < 0:
+            at = int(np.argmax(read < 0))
             raise InvalidRequest(
-                f"token id {int(read[at])} at index {at} does not fit in uint32: this SGLang "
-                "release refuses it (0.5.23 hashes such pages as wide pages)",
+                f"token id {int(read[at])} at index {at} is negative (SGLang refuses it in a "
+                "hashed page)",
                 field="token_ids",
             )
-        wide_pages = np.logical_or.reduce(big[:units].reshape(pages, page_size), axis=1)
-        if eagle:  # (a bigram page also reads the next page's first token)
-            wide_pages = wide_pages | big[page_size : units + 1 : page_size]
-    ids: npt.NDArray[np.int64]
+        big = read > _U32_MAX
+        if big.any():
+            if not wide:
+                at = int(np.argmax(big))
+                raise InvalidRequest(
+                    f"token id {int(read[at])} at index {at} does not fit in uint32: this "
+                    "SGLang release refuses it (0.5.23 hashes such pages as wide pages)",
+                    field="token_ids",
+                )
+            wide_pages = np.logical_or.reduce(big[:units].reshape(pages, page_size), axis=1)
+            if eagle:  # (a bigram page also reads the next page's first token)
+                wide_pages = wide_pages | big[page_size : units + 1 : page_size]
+    ids: npt.NDArray[Any]
     if eagle:
-        ids = np.empty((units, 2), dtype=np.int64)
+        ids = np.empty((units, 2), dtype=read.dtype)
         ids[:, 0] = read[:units]
         ids[:, 1] = read[1 : units + 1]
     else:
         ids = read
-    width = ids.size // pages * 4  # body bytes of an ordinary page
+    narrow = _page_bodies(ids.astype("<u4", copy=False), pages, 4)
     if wide_pages is None:
-        return _chain_narrow(ids.astype("<u4"), pages, width, seed)
-    return _chain_mixed(ids, pages, width, wide_pages, seed)
+        return _chain(narrow, seed)
+    wide_bodies = _page_bodies(ids.astype("<u8"), pages, 8)
+    bodies = [
+        _WIDE_TAG + w if is_wide else b
+        for b, w, is_wide in zip(narrow, wide_bodies, wide_pages.tolist())
+    ]
+    return _chain(bodies, seed)
 
 
-def _chain_narrow(
-    ids: npt.NDArray[Any], pages: int, width: int, seed: bytes | None
-) -> list[bytes]:
-    """The chain over ordinary pages: each page's row of one buffer is its prior's 32 bytes
-    (written as the chain goes) followed by its body, hashed in one call."""
-    row = _DIGEST + width
-    buf = np.empty((pages, row), dtype=np.uint8)
-    buf[:, _DIGEST:] = ids.view(np.uint8).reshape(pages, width)
-    view = memoryview(buf.reshape(-1))  # type: ignore[arg-type]
-    sha256 = hashlib.sha256
-    if seed is None:
-        digest = sha256(view[_DIGEST:row]).digest()
-    else:
-        view[:_DIGEST] = seed
-        digest = sha256(view[:row]).digest()
-    out = [digest]
+def _page_bodies(ids: npt.NDArray[Any], pages: int, itemsize: int) -> list[bytes]:
+    """Each page's ids as one ``bytes`` (one C call: a void-typed view's ``tolist``)."""
+    rows = np.ascontiguousarray(ids).reshape(pages, -1)
+    bodies: list[bytes] = rows.view(f"V{rows.shape[1] * itemsize}").ravel().tolist()
+    return bodies
+
+
+def _chain(bodies: list[bytes], seed: bytes | None) -> list[bytes]:
+    """The digests of the chain over the page bodies: one hashlib call per page."""
+    sha256 = _SMALL_SHA256 if len(bodies[0]) <= _SMALL_BODY else hashlib.sha256
+    digest = seed or b""
+    out: list[bytes] = []
     append = out.append
-    for start in range(row, pages * row, row):
-        view[start : start + _DIGEST] = digest
-        digest = sha256(view[start : start + row]).digest()
+    for body in bodies:
+        digest = sha256(digest + body).digest()
         append(digest)
-    return out
-
-
-def _chain_mixed(
-    ids: npt.NDArray[np.int64],
-    pages: int,
-    width: int,
-    wide_pages: npt.NDArray[np.bool_],
-    seed: bytes | None,
-) -> list[bytes]:
-    """The chain when some pages are wide (0xff, then their ids as uint64)."""
-    narrow = ids.astype("<u4").tobytes()  # (wide pages' truncated ids are never read)
-    wide = ids.astype("<u8").tobytes()
-    sha256 = hashlib.sha256
-    prior = seed or b""
-    out = []
-    for page, is_wide in enumerate(wide_pages.tolist()):
-        if is_wide:
-            body = _WIDE_TAG + wide[page * 2 * width : (page + 1) * 2 * width]
-        else:
-            body = narrow[page * width : (page + 1) * width]
-        prior = sha256(prior + body).digest()
-        out.append(prior)
     return out
