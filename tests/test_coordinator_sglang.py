@@ -143,6 +143,12 @@ async def test_one_sglang_lookup_fails_alone() -> None:
     assert results[1] == want
 
 
+async def test_a_layout_of_another_kind_is_refused() -> None:
+    async with LookupCoordinator(VLLM, FakeStore()) as coordinator:
+        with pytest.raises(mcl.InvalidRequest, match="a KVLayout or an SGLangLayout"):
+            await coordinator.lookup(16, [], layout=SGLANG[0].to_dict())  # type: ignore[arg-type]
+
+
 @pytest.mark.integration
 async def test_mixed_lookups_over_a_real_master(
     store_writer: mcl.StoreWriter, mooncake_store: mcl.MooncakeStore

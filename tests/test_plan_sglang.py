@@ -136,3 +136,24 @@ def test_page_hashes_as_an_array_and_more_than_needed() -> None:
 def test_refused(n: object, hashes: object, match: str) -> None:
     with pytest.raises(InvalidRequest, match=match):
         MHA.plan(n, hashes)  # type: ignore[arg-type]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ProbeState leaves prefix mode on answers recorded out of order, and its general "
+    "search then takes longest_hit's answer (vLLM's rule) instead of plan.prefix_hit: the "
+    "threshold is lost. The coordinator never records out of order; the fix belongs in "
+    "_plan/probing.py (owned by the lead).",
+)
+def test_probe_state_out_of_order_keeps_the_threshold() -> None:
+    from aio_mclookup._plan.probing import ProbeState
+
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=4, prefetch_threshold=12)
+    tokens = list(range(100, 141))
+    plan = layout.plan(len(tokens), layout.page_hashes(tokens))
+    state = ProbeState(plan)
+    state.next_keys(None)
+    state.record(np.array([6, 7]), [True, True])  # page 3 first
+    state.record(range(0, 6), [True, True, True, True, False, False])  # page 2 missing
+    assert not len(state.next_keys(None))
+    assert state.hit == plan.resolve([1, 1, 1, 1, 0, 0] + [1] * (plan.num_keys - 6)) == 0

@@ -62,7 +62,9 @@ class LookupCoordinator:
 
     ``await coordinator.lookup(token_len, block_hashes)`` returns exactly what
     ``layout.plan(token_len, block_hashes).resolve(answers)`` gives on the store's answers.
-    The coordinator uses the store but does not open or close it.
+    ``layout=`` per call takes another :class:`KVLayout` or an :class:`SGLangLayout` (its page
+    hashes instead of block hashes), all in the same rounds and RPCs. The coordinator uses the
+    store but does not open or close it.
 
     Options come as a :class:`CoordinatorOptions` (``options=``) or as its fields by keyword
     (``timeout=0.5``); see :class:`CoordinatorOptions` and ``docs/coordinator.md``.
