@@ -53,6 +53,8 @@ def test_split_heads() -> None:
     assert split(tp_size=2, tp_lcm_size=2, hicache_mem_layout="page_head") == 1
     assert split(tp_size=2, tp_lcm_size=8, hicache_mem_layout="page_head", mla=True) == 1
     assert split(tp_size=2, tp_lcm_size=8, hicache_mem_layout="page_first") == 1
+    assert split(tp_size=2, tp_lcm_size=0, hicache_mem_layout="page_head") == 1  # (unset)
+    assert split(tp_size=3, tp_lcm_size=0, hicache_mem_layout="page_head", mla=True) == 1
 
 
 def test_dict_round_trip_and_equality() -> None:
@@ -80,6 +82,7 @@ def test_dict_round_trip_and_equality() -> None:
         ({"prefetch_threshold": None}, "prefetch_threshold", "must be an int"),
         ({"prefetch_threshold": [256]}, "prefetch_threshold", "must be an int"),
         ({"prefetch_threshold": True}, "prefetch_threshold", "must be an int"),
+        ({"tp_lcm_size": 4.0}, "tp_lcm_size", "must be an int"),
         ({"dcp_size": 2}, "dcp_size", "decode context parallelism"),
         ({"hybrid_pools": ["swa"]}, "hybrid_pools", "hybrid models"),
         ({"hybrid_pools": "swa"}, "hybrid_pools", "list of pool names"),

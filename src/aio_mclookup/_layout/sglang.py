@@ -89,8 +89,8 @@ class SGLangLayout:
             )
         self.hicache_mem_layout = hicache_mem_layout
         if tp_lcm_size is not None:
-            tp_lcm_size = positive_int("tp_lcm_size", tp_lcm_size)
-            if tp_lcm_size % self.tp_size:
+            tp_lcm_size = integer("tp_lcm_size", tp_lcm_size)
+            if tp_lcm_size and tp_lcm_size % self.tp_size:  # (0 counts as unset, as in SGLang)
                 raise InvalidRequest(
                     f"tp_lcm_size={tp_lcm_size} is not a multiple of tp_size={self.tp_size}: "
                     "SGLang stops with an assertion (tp_lcm_size must be divisible by tp_size)",
