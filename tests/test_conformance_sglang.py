@@ -52,6 +52,18 @@ def test_case(case: dict[str, Any]) -> None:
     assert collections.Counter(keys) == collections.Counter(case["expected_keys"])
     assert plan.pages == case["query_pages"]
     assert plan.resolve([case["exists"][k] for k in keys]) == case["expected_hit_tokens"]
+    if case["sglang"]["queried"]:  # each rank's own result, from its slots of every page
+        layout = mcl.SGLangLayout.from_dict(case["layout"])
+        slots = dict(layout.rank_slots)
+        k = layout.keys_per_page
+        for rank in case["sglang"]["ranks"]:
+            mine = slots[rank["tp_rank"], rank["pp_rank"]]
+            assert len(mine) == rank["keys_per_page"]
+            present = [
+                all(case["exists"][keys[page * k + j]] == 1 for j in mine)
+                for page in range(plan.pages)
+            ]
+            assert [*present, False].index(False) == rank["hit_pages"]
 
 
 @pytest.mark.parametrize("case", GOOD, ids=[c["id"] for c in GOOD])

@@ -133,3 +133,16 @@ def test_wide_ids_only_from_0523() -> None:
     for version in ("0.5.17", "0.5.20"):
         with pytest.raises(InvalidRequest, match="uint32"):
             SGLangLayout(sglang_version=version, page_size=4).page_hashes(tokens)
+
+
+def test_rank_slots() -> None:
+    mha = SGLangLayout(sglang_version="0.5.23", page_size=4, tp_size=2, pp_size=2)
+    assert mha.rank_slots == (((0, 0), (0, 1)), ((1, 0), (2, 3)), ((0, 1), (4, 5)),
+                              ((1, 1), (6, 7)))
+    split = SGLangLayout(sglang_version="0.5.23", page_size=4, tp_size=2, tp_lcm_size=4,
+                         hicache_mem_layout="page_head")
+    assert split.rank_slots == (((0, 0), (0, 1, 2, 3)), ((1, 0), (4, 5, 6, 7)))
+    mla = SGLangLayout(sglang_version="0.5.23", page_size=4, tp_size=2, pp_size=2, mla=True)
+    assert mla.rank_slots == (((0, 0), (0,)), ((1, 0), (0,)), ((0, 1), (1,)), ((1, 1), (1,)))
+    for layout in (mha, split, mla):  # every key is some rank's
+        assert {j for _, js in layout.rank_slots for j in js} == set(range(layout.keys_per_page))

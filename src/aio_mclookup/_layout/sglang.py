@@ -167,6 +167,23 @@ class SGLangLayout:
         ``pp``)."""
         return self._geometry.keys_per_page
 
+    @property
+    def rank_slots(self) -> tuple[tuple[tuple[int, int], tuple[int, ...]], ...]:
+        """Per querying rank ``(tp_rank, pp_rank)``, in (pp, tp) order, the positions of its
+        keys among a page's :attr:`key_suffixes` (MLA: every TP rank of a stage probes the
+        stage's one key). What one rank's own ``batch_exists`` sends, page by page."""
+        split = 1 if self.mla else self.heads_split
+        out = []
+        for pp in range(self.pp_size):
+            for tp in range(self.tp_size):
+                mine = tuple(
+                    j
+                    for j, (rank, _, _, stage) in enumerate(self._geometry.namespaces)
+                    if stage == pp and (self.mla or rank // split == tp)
+                )
+                out.append(((tp, pp), mine))
+        return tuple(out)
+
     def query_pages(self, num_tokens: int) -> int:
         """Pages probed for a request of ``num_tokens`` tokens with no local match (before the
         threshold): its first ``num_tokens - 1`` tokens (EAGLE: bigrams) in whole pages."""
