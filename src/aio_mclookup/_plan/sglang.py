@@ -42,7 +42,7 @@ def query_pages(num_tokens: int, page_size: int, eagle: bool) -> int:
 
 class SGLangPlan(LookupPlan):
     """The keys one SGLang L3 lookup probes (page-major, then rank slot: ``plan.keys`` as
-    ASCII ``bytes``) and :meth:`resolve`, SGLang's hit in tokens from the answers.
+    UTF-8 ``bytes``) and :meth:`resolve`, SGLang's hit in tokens from the answers.
 
     ``token_len`` and ``num_tokens`` are the request's length; ``pages`` the pages probed
     (0 when the prefetch threshold declines the query: then there are no keys, and the hit
@@ -66,6 +66,7 @@ class SGLangPlan(LookupPlan):
     # ------------------------------------------------------------------------- structure
     @property
     def single_full_attention(self) -> bool:
+        """Probed as a prefix of pages (whenever there is a page to probe)."""
         return len(self._groups) == 1
 
     @property
@@ -76,6 +77,7 @@ class SGLangPlan(LookupPlan):
 
     @property
     def short(self) -> bool:
+        """Never: a plan has every hash its pages need, or planning refused it."""
         return False
 
     def __repr__(self) -> str:
