@@ -197,7 +197,9 @@ class SGLangLayout:
         pages under EAGLE), chained from the namespace seed of ``extra_key`` (the request's
         ``extra_key`` with its LoRA id appended) and ``cache_salt`` on 0.5.20+ (0.5.17
         ignores both). ``token_ids``: a list of ints or a 1-D integer numpy array."""
-        from .._hashing.sglang import namespace_seed, page_hashes  # (loads on first use)
+        # (imported on first use: the _hashing package brings vLLM's hasher and cbor2, which
+        # `import aio_mclookup` leaves out until they are needed)
+        from .._hashing.sglang import namespace_seed, page_hashes
 
         seed = namespace_seed(extra_key, cache_salt)
         return page_hashes(
