@@ -3,6 +3,8 @@
 Data flow: :class:`BlockHasher` (token ids to vLLM's block hashes) -> :class:`KVLayout` (the
 deployment) -> :meth:`KVLayout.plan` (one request's keys) -> :class:`LookupCoordinator` (many
 requests, shared RPCs) -> a :class:`Store` -> resolve (vLLM's hit, :class:`LookupResult`).
+SGLang HiCache deployments: :class:`SGLangLayout` (its ``page_hashes`` and ``plan``) in the
+same coordinator.
 
 Everything public is re-exported here; the underscore modules are private. The names a
 lookup does not need (the block hasher, the embedded master and its writer, Prometheus) load on
@@ -34,6 +36,7 @@ from ._layout.groups import (
     SlidingWindow,
 )
 from ._layout.layout import KVLayout
+from ._layout.sglang import SGLangLayout
 from ._observe.stats import CoordinatorStats, Histogram
 from ._plan.hashes import HashInput
 from ._plan.plan import LookupPlan
@@ -90,6 +93,7 @@ __all__ = [
     "Mamba",
     "MooncakeStore",
     "Overloaded",
+    "SGLangLayout",
     "SlidingWindow",
     "Store",
     "StoreError",

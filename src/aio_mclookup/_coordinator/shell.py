@@ -32,6 +32,7 @@ from .._errors import (
     error_label,
 )
 from .._layout.layout import KVLayout
+from .._layout.sglang import SGLangLayout
 from .._observe.stats import CoordinatorStats
 from .._plan.hashes import HashInput
 from .._plan.plan import LookupPlan
@@ -61,7 +62,9 @@ class LookupCoordinator:
 
     ``await coordinator.lookup(token_len, block_hashes)`` returns exactly what
     ``layout.plan(token_len, block_hashes).resolve(answers)`` gives on the store's answers.
-    The coordinator uses the store but does not open or close it.
+    ``layout=`` per call takes another :class:`KVLayout` or an :class:`SGLangLayout` (its page
+    hashes instead of block hashes), all in the same rounds and RPCs. The coordinator uses the
+    store but does not open or close it.
 
     Options come as a :class:`CoordinatorOptions` (``options=``) or as its fields by keyword
     (``timeout=0.5``); see :class:`CoordinatorOptions` and ``docs/coordinator.md``.
@@ -172,14 +175,16 @@ class LookupCoordinator:
         token_len: int,
         block_hashes: HashInput,
         *,
-        layout: KVLayout | None = None,
+        layout: KVLayout | SGLangLayout | None = None,
         timeout: float | _Default | None = DEFAULT,
     ) -> int:
         """The prefix hit, in tokens, of one request: what the layout's vLLM release's worker
-        answers for ``token_len`` (see :meth:`KVLayout.plan`) on the store's answers.
+        answers for ``token_len`` (see :meth:`KVLayout.plan`) on the store's answers; for an
+        :class:`SGLangLayout`, SGLang's L3 hit of a ``token_len``-token request from its page
+        hashes (see :meth:`SGLangLayout.plan`).
 
-        ``layout`` lets one coordinator serve several models; ``timeout`` overrides the
-        coordinator's for this call (None: no bound).
+        ``layout`` lets one coordinator serve several models and engines; ``timeout``
+        overrides the coordinator's for this call (None: no bound).
         """
         state = await self._lookup(self._plan(layout, token_len, block_hashes), timeout)
         return state.hit
@@ -189,7 +194,7 @@ class LookupCoordinator:
         n: int,
         block_hashes: HashInput,
         *,
-        layout: KVLayout | None = None,
+        layout: KVLayout | SGLangLayout | None = None,
         timeout: float | _Default | None = DEFAULT,
     ) -> LookupResult:
         """vLLM's whole lookup result (hit and, vLLM 0.32+, tail-key boundaries), as
@@ -205,30 +210,35 @@ class LookupCoordinator:
         num_tokens: int,
         block_hashes: HashInput,
         *,
-        layout: KVLayout | None = None,
+        layout: KVLayout | SGLangLayout | None = None,
         timeout: float | _Default | None = DEFAULT,
     ) -> int:
         """How many tokens of a request of ``num_tokens`` tokens vLLM's scheduler counts as
         found in the store: on vLLM 0.26 it aligns the length, looks up and leaves one token
-        to compute; on 0.32+ it takes the worker's answer for ``num_tokens``. What a router
-        wants."""
+        to compute; on 0.32+ (and SGLang) it takes the lookup's answer for ``num_tokens``.
+        What a router wants."""
         layout = self._layout_or_default(layout)
         n = integer("num_tokens", num_tokens)
-        if layout.vllm_version == "0.26.0":
+        if isinstance(layout, KVLayout) and layout.vllm_version == "0.26.0":
             hit = await self.lookup(layout.align(n), block_hashes, layout=layout, timeout=timeout)
             return layout.leave_one_token(hit, n)
         return await self.lookup(n, block_hashes, layout=layout, timeout=timeout)
 
-    def _layout_or_default(self, layout: KVLayout | None) -> KVLayout:
+    def _layout_or_default(
+        self, layout: KVLayout | SGLangLayout | None
+    ) -> KVLayout | SGLangLayout:
         if layout is None:
             return self.layout
-        if not isinstance(layout, KVLayout):
+        if not isinstance(layout, (KVLayout, SGLangLayout)):
             raise InvalidRequest(
-                f"layout must be a KVLayout, got {type(layout).__name__}", field="layout"
+                f"layout must be a KVLayout or an SGLangLayout, got {type(layout).__name__}",
+                field="layout",
             )
         return layout
 
-    def _plan(self, layout: KVLayout | None, n: int, block_hashes: HashInput) -> LookupPlan:
+    def _plan(
+        self, layout: KVLayout | SGLangLayout | None, n: int, block_hashes: HashInput
+    ) -> LookupPlan:
         return self._layout_or_default(layout).plan(n, block_hashes)  # raises InvalidRequest
 
     async def _lookup(self, plan: LookupPlan, timeout: float | _Default | None) -> LookupState:

@@ -1,0 +1,162 @@
+"""SGLang layouts beside vLLM ones in one :class:`LookupCoordinator`: every lookup gets its own
+plan's resolve over all its keys, over a fake store and over a real master on loopback.
+
+The SGLang layouts cover a page's keys as one coordinator item (MHA with TP and PP), plain
+keys (MLA without PP: one key per page), items of keys of different widths (16 TP ranks), and
+the three releases; each store holds prefixes of shared documents with a key missing here and
+there (a rank's ``v`` of one page), so hits stop early, on some rank, or run to the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+import aio_mclookup as mcl
+from aio_mclookup import FakeStore, LookupCoordinator, SGLangLayout
+from helpers import chain
+
+VLLM = mcl.KVLayout([mcl.FullAttention(16)], model="Qwen/Qwen3-8B", hash_block_size=16,
+                    scheduler_block_size=16, tp_size=2, num_kv_heads=8)
+SGLANG = [
+    SGLangLayout(sglang_version="0.5.23", page_size=16, model_name="Qwen/Qwen3-8B", tp_size=2,
+                 pp_size=2, prefetch_threshold=32),
+    SGLangLayout(sglang_version="0.5.20", page_size=8, model_name="deepseek-ai/DeepSeek-V3",
+                 tp_size=4, mla=True, prefetch_threshold=0, extra_backend_tag="prod"),
+    SGLangLayout(sglang_version="0.5.17", page_size=4, model_name="Qwen/Qwen3-8B", tp_size=16,
+                 eagle=True, prefetch_threshold=4),
+    SGLangLayout(sglang_version="0.5.23", page_size=4, model_name="Qwen/Qwen3-8B", tp_size=2,
+                 tp_lcm_size=4, hicache_mem_layout="page_head", prefetch_threshold=64),
+]
+Request = tuple[Any, int, Any]  # (layout, num_tokens, hashes)
+
+
+def _sglang_requests(rng: random.Random, store_keys: set[bytes]) -> list[Request]:
+    """Per SGLang layout: documents stored up to a cut (a hole in some), requests that share
+    a document's prefix and then differ."""
+    out: list[Request] = []
+    for n, layout in enumerate(SGLANG):
+        docs = [[rng.randrange(1, 50_000) for _ in range(600)] for _ in range(3)]
+        for d, doc in enumerate(docs):
+            hashes = layout.page_hashes(doc, extra_key="lora-a" if d == 1 else None)
+            keys = layout.plan(len(doc), hashes).keys
+            stored = keys[: len(keys) * (d + 1) // 3]
+            if d == 2:  # one rank's object of a page missing: the hit stops there
+                stored = [k for i, k in enumerate(stored) if i != len(stored) // 2]
+            store_keys.update(stored)
+        for i in range(40):
+            d = i % 3
+            cut = rng.randrange(0, 600)
+            tokens = docs[d][:cut] + [rng.randrange(1, 50_000) for _ in range(rng.randrange(0, 90))]
+            hashes = layout.page_hashes(tokens, extra_key="lora-a" if d == 1 else None)
+            out.append((layout, len(tokens), hashes))
+        out.append((layout, 0, []))  # (no pages: 0 without an RPC)
+        del n
+    return out
+
+
+def _vllm_requests(rng: random.Random, store_keys: set[bytes]) -> list[Request]:
+    docs = [chain(40, b"vdoc%d" % d) for d in range(2)]
+    for doc in docs:
+        store_keys.update(VLLM.plan(len(doc) * 16, doc[:30]).keys)
+    out: list[Request] = []
+    for i in range(40):
+        doc = docs[i % 2]
+        cut = rng.randrange(0, 41)
+        hashes = doc[:cut] + chain(40 - cut, b"vtail%d" % i)
+        out.append((VLLM, 40 * 16, hashes))
+    return out
+
+
+def _workload(seed: int) -> tuple[list[Request], set[bytes]]:
+    rng = random.Random(seed)
+    keys: set[bytes] = set()
+    requests = _sglang_requests(rng, keys) + _vllm_requests(rng, keys)
+    rng.shuffle(requests)
+    return requests, keys
+
+
+async def _expected(store: Any, requests: list[Request]) -> list[int]:
+    """Each plan's own resolve over the answers to all its keys (one request at a time)."""
+    hits = []
+    for layout, n, hashes in requests:
+        plan = layout.plan(n, hashes)
+        answers: list[int] = []
+        for i in range(0, plan.num_keys, 1000):
+            answers += await store.batch_is_exist(plan.keys[i : i + 1000])
+        hits.append(plan.resolve(answers))
+    return hits
+
+
+async def _coordinated(coordinator: LookupCoordinator, requests: list[Request]) -> list[int]:
+    return list(
+        await asyncio.gather(
+            *(coordinator.lookup(n, hashes, layout=layout) for layout, n, hashes in requests)
+        )
+    )
+
+
+def test_the_layouts_cover_items_plain_keys_and_mixed_widths() -> None:
+    plans = [layout.plan(600, layout.page_hashes(list(range(600)))) for layout in SGLANG]
+    assert [p._chunk_keys for p in plans] == [8, 1, 32, 8]
+    assert plans[2].key_array() is None  # ("_9_k" and "_10_k": two widths)
+    assert plans[0].key_array() is not None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"cache_ttl": None},
+        {"probe_window": 1, "max_keys_per_rpc": 64},
+        {"rounds": False},
+        {"probe_window": None},
+    ],
+    ids=["defaults", "no-cache", "narrow", "one-round", "no-window"],
+)
+async def test_mixed_lookups_over_a_fake_store(options: dict[str, Any]) -> None:
+    requests, keys = _workload(seed=7)
+    store = FakeStore(keys)
+    store.answers = {k: -1 for k in list(keys)[:5]}  # a few Mooncake errors: absent
+    want = await _expected(store, requests)
+    assert len(set(want)) > 10 and 0 in want
+    store.calls.clear()
+    async with LookupCoordinator(VLLM, store, timeout=30, **options) as coordinator:
+        assert await _coordinated(coordinator, requests) == want
+        assert await _coordinated(coordinator, requests) == want  # (caches warm)
+    if "max_keys_per_rpc" not in options:  # coalesced: fewer RPCs than lookups
+        assert len(store.calls) < 2 * len(requests)
+
+
+async def test_one_sglang_lookup_fails_alone() -> None:
+    requests, keys = _workload(seed=3)
+    store = FakeStore(keys)
+    want = await _expected(store, requests)
+    async with LookupCoordinator(VLLM, store, timeout=30) as coordinator:
+        bad = coordinator.lookup(600, [b"short"] * 200, layout=SGLANG[0])
+        results = await asyncio.gather(bad, _coordinated(coordinator, requests),
+                                       return_exceptions=True)
+    assert isinstance(results[0], mcl.InvalidRequest)
+    assert results[1] == want
+
+
+async def test_a_layout_of_another_kind_is_refused() -> None:
+    async with LookupCoordinator(VLLM, FakeStore()) as coordinator:
+        with pytest.raises(mcl.InvalidRequest, match="a KVLayout or an SGLangLayout"):
+            await coordinator.lookup(16, [], layout=SGLANG[0].to_dict())  # type: ignore[arg-type]
+
+
+@pytest.mark.integration
+async def test_mixed_lookups_over_a_real_master(
+    store_writer: mcl.StoreWriter, mooncake_store: mcl.MooncakeStore
+) -> None:
+    requests, keys = _workload(seed=11)
+    await store_writer.put_keys(sorted(keys))
+    want = await _expected(mooncake_store, requests)
+    assert len(set(want)) > 10 and 0 in want
+    async with LookupCoordinator(VLLM, mooncake_store, timeout=30) as coordinator:
+        assert await _coordinated(coordinator, requests) == want
+        assert await _coordinated(coordinator, requests) == want

@@ -1,0 +1,146 @@
+"""SGLang page hashing (``_hashing/sglang.py``) against the chain as docs/sglang.md states it,
+written here one token at a time: every page size, EAGLE bigrams, wide pages, the namespace
+seed; lists and numpy arrays alike; bad ids refused with a clear error."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aio_mclookup import InvalidRequest
+from aio_mclookup._hashing.sglang import namespace_seed, page_hashes, token_ids_q
+
+
+def reference(tokens: list[int], page: int, eagle: bool, seed: bytes | None) -> list[bytes]:
+    """The rule, slowly: each page's ids (bigram pairs under EAGLE) as uint32, or after 0xff
+    as uint64 when one id it reads is above 2**32 - 1; SHA-256 of the prior and the body."""
+    pages = (max(len(tokens) - 1, 0) if eagle else len(tokens)) // page
+    prior, out = seed or b"", []
+    for p in range(pages):
+        start = p * page
+        if eagle:
+            ids = [t for j in range(start, start + page) for t in (tokens[j], tokens[j + 1])]
+            read = tokens[start : start + page + 1]
+        else:
+            ids = read = tokens[start : start + page]
+        if max(read) > 0xFFFFFFFF:
+            body = b"\xff" + b"".join(struct.pack("<Q", t) for t in ids)
+        else:
+            body = b"".join(struct.pack("<I", t) for t in ids)
+        prior = hashlib.sha256(prior + body).digest()
+        out.append(prior)
+    return out
+
+
+def hashes(tokens: object, page: int, eagle: bool = False, wide: bool = True,
+           seed: bytes | None = None) -> list[bytes]:
+    return page_hashes(tokens, page_size=page, eagle=eagle, wide=wide, seed=seed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(
+        st.one_of(st.integers(0, 200), st.integers(0, (1 << 63) - 1)), max_size=60
+    ),
+    page=st.integers(1, 9),
+    eagle=st.booleans(),
+    seeded=st.booleans(),
+)
+def test_the_chain_matches_the_rule(
+    tokens: list[int], page: int, eagle: bool, seeded: bool
+) -> None:
+    seed = hashlib.sha256(b"s").digest() if seeded else None
+    want = reference(tokens, page, eagle, seed)
+    assert hashes(tokens, page, eagle, seed=seed) == want
+    assert hashes(np.array(tokens, dtype=np.uint64), page, eagle, seed=seed) == want
+    assert hashes(tuple(tokens), page, eagle, seed=seed) == want
+
+
+def test_known_digest_and_prefix_stability() -> None:
+    # docs/sglang.md's first example: tokens 1..13, page 4
+    first = hashes(list(range(1, 14)), 4)
+    assert [h.hex()[:16] for h in first] == [
+        "cf97adeedb59e05b", "4ebfa8a1f3c34151", "eddb4ab93695109c",
+    ]
+    assert hashes(list(range(1, 9)), 4) == first[:2]  # the first pages do not see the rest
+    assert hashes(list(range(1, 4)), 4) == []  # no full page
+
+
+def test_every_integer_dtype_gives_the_same_hashes() -> None:
+    tokens = list(range(60, 124))
+    want = hashes(tokens, 16)
+    for dtype in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.uint64):
+        assert hashes(np.array(tokens, dtype=dtype), 16) == want, dtype
+
+
+def test_wide_pages_only_where_an_id_needs_them() -> None:
+    tokens = [5] * 8 + [1 << 40] + [6] * 7 + [0xFFFFFFFF] * 8
+    got = hashes(tokens, 8)
+    assert got == reference(tokens, 8, False, None)
+    narrow = hashes([5] * 8, 8)
+    assert got[0] == narrow[0]  # (the pages before a wide one stay ordinary)
+
+
+def test_an_eagle_page_is_wide_for_its_lookahead_token() -> None:
+    tokens = [1, 2, 3, 4, 1 << 33, 6]
+    assert hashes(tokens, 4, eagle=True) == reference(tokens, 4, True, None)
+    assert hashes(tokens, 4, eagle=True) != hashes([1, 2, 3, 4, 5, 6], 4, eagle=True)
+
+
+def test_namespace_seed() -> None:
+    def part(s: str | None) -> bytes:
+        if not s:
+            return b"\x00"
+        raw = s.encode()
+        return b"\x01" + len(raw).to_bytes(8, "little") + raw
+
+    tag = b"sglang-cache-namespace-v1"
+    assert namespace_seed(None, None) is None
+    assert namespace_seed("", "") is None  # (empty is absent, as SGLang's API makes it)
+    assert namespace_seed("lora-1", None) == hashlib.sha256(tag + part("lora-1") + b"\x00").digest()
+    assert namespace_seed(None, "s") == hashlib.sha256(tag + b"\x00" + part("s")).digest()
+    assert namespace_seed("é", "s") == hashlib.sha256(tag + part("é") + part("s")).digest()
+    assert namespace_seed("a", None) != namespace_seed(None, "a")
+    with pytest.raises(InvalidRequest, match="extra_key must be a str"):
+        namespace_seed(3, None)
+    with pytest.raises(InvalidRequest, match="UTF-8"):
+        namespace_seed(None, "\ud800")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "wide", "match"),
+    [
+        ([1, 2, -3, 4], True, "token id -3 at index 2 is negative"),
+        ([1, 2, 3, 1 << 32], False, "does not fit in uint32"),
+        ([1, 2, 3, 4, 1 << 63], True, "does not fit in int64"),  # (anywhere: the tail too)
+        ([1, 2, 3, 4, -(1 << 63) - 1], True, "does not fit in int64"),
+        ([1, 2.0, 3, 4], True, "index 1 is float"),
+        ("1234", True, "list of ints"),
+        (np.zeros((2, 4), dtype=np.int64), True, "1-D"),
+        (np.zeros(4, dtype=np.float64), True, "integer dtype"),
+        (np.array([1, 2, 3, 1 << 63], dtype=np.uint64), True, "does not fit in int64"),
+    ],
+)
+def test_bad_ids_are_refused(tokens: object, wide: bool, match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        hashes(tokens, 4, wide=wide)
+
+
+def test_ids_after_the_last_page_are_not_read() -> None:
+    assert hashes([1, 2, 3, 4, -5], 4) == hashes([1, 2, 3, 4], 4)
+    assert hashes([1, 2, 3, 4, 1 << 40], 4, wide=False) == hashes([1, 2, 3, 4], 4)
+    # under EAGLE the last page reads the next token, not the one after
+    assert hashes([1, 2, 3, 4, 5, -1], 4, eagle=True) == hashes([1, 2, 3, 4, 5], 4, eagle=True)
+    with pytest.raises(InvalidRequest, match="negative"):
+        hashes([1, 2, 3, 4, -5], 4, eagle=True)
+
+
+def test_token_ids_q_keeps_a_view_of_int64_arrays() -> None:
+    arr = np.arange(10, dtype=np.int64)
+    assert token_ids_q(arr) is arr
+    assert token_ids_q([True, 2]).tolist() == [1, 2]  # (array("q") takes bools, as SGLang's)
