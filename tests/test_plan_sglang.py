@@ -138,13 +138,6 @@ def test_refused(n: object, hashes: object, match: str) -> None:
         MHA.plan(n, hashes)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ProbeState leaves prefix mode on answers recorded out of order, and its general "
-    "search then takes longest_hit's answer (vLLM's rule) instead of plan.prefix_hit: the "
-    "threshold is lost. The coordinator never records out of order; the fix belongs in "
-    "_plan/probing.py (owned by the lead).",
-)
 def test_probe_state_out_of_order_keeps_the_threshold() -> None:
     from aio_mclookup._plan.probing import ProbeState
 

@@ -145,11 +145,10 @@ class ProbeState:
         search = longest_hit(
             plan.geometry, plan.token_len, merge(plan.geometry, maybe), merge(plan.geometry, known)
         )
-        if search.exact:
-            if plan.geometry.rules is None:
-                self.hit = search.hit
-            else:  # (a lone full-attention vLLM 0.32+ plan: its hit from its present prefix)
-                self.hit = plan.prefix_hit(_leading(maybe[0]))
+        if search.exact:  # (a lone full-attention plan: its own rule, from its present prefix)
+            self.hit = plan.prefix_hit(_leading(maybe[0])) if plan.single_full_attention else (
+                search.hit
+            )
             return EMPTY
         k = len(plan.geometry.namespaces)
         wanted: list[IntArray] = []
