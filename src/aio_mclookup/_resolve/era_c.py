@@ -209,6 +209,8 @@ class _Search:
                 if i in full_hits:
                     cur = min(cur, full_hits[i])
                     continue
+                if self.lazy and self._full_pending:  # nothing more can be noted (or exact)
+                    return cur
                 drop = sg.eagle and i not in verified
                 limit = cur
                 if drop and not sg.mamba:
@@ -233,6 +235,8 @@ class _Search:
         request end again on the same presence if it reached it."""
         a = self.rules.alignment
         hit = self.longest(num_tokens // a * a)
+        if self.lazy and self._full_pending:  # (not exact: the caller reads the units noted)
+            return hit
         if hit >= num_tokens:
             usable = (num_tokens - 1) // a * a
             if usable <= 0:
