@@ -143,7 +143,23 @@ async def test_one_sglang_lookup_fails_alone() -> None:
     assert results[1] == want
 
 
+async def test_an_sglang_layout_as_the_default() -> None:
+    layout = SGLANG[0]
+    tokens = list(range(7, 7 + 200))
+    hashes = layout.page_hashes(tokens)
+    plan = layout.plan(len(tokens), hashes)
+    store = FakeStore(plan.keys[: 6 * layout.keys_per_page])  # six pages on every rank
+    want = plan.resolve([1 if k in store.present else 0 for k in plan.keys])
+    assert want == 6 * 16
+    async with LookupCoordinator(layout, store) as coordinator:
+        assert coordinator.layout is layout
+        assert await coordinator.lookup(len(tokens), hashes) == want
+        assert await coordinator.lookup_request(len(tokens), hashes) == want
+
+
 async def test_a_layout_of_another_kind_is_refused() -> None:
+    with pytest.raises(mcl.InvalidRequest, match="a KVLayout or an SGLangLayout"):
+        LookupCoordinator(SGLANG[0].to_dict(), FakeStore())  # type: ignore[arg-type]
     async with LookupCoordinator(VLLM, FakeStore()) as coordinator:
         with pytest.raises(mcl.InvalidRequest, match="a KVLayout or an SGLangLayout"):
             await coordinator.lookup(16, [], layout=SGLANG[0].to_dict())  # type: ignore[arg-type]

@@ -72,15 +72,16 @@ class LookupCoordinator:
 
     def __init__(
         self,
-        layout: KVLayout,
+        layout: KVLayout | SGLangLayout,
         store: Store,
         *,
         options: CoordinatorOptions | None = None,
         **option_fields: Any,
     ) -> None:
-        if not isinstance(layout, KVLayout):
+        if not isinstance(layout, (KVLayout, SGLangLayout)):
             raise InvalidRequest(
-                f"layout must be a KVLayout, got {type(layout).__name__}", field="layout"
+                f"layout must be a KVLayout or an SGLangLayout, got {type(layout).__name__}",
+                field="layout",
             )
         if not callable(getattr(store, "batch_is_exist", None)):
             raise InvalidRequest(
@@ -94,7 +95,8 @@ class LookupCoordinator:
             options = CoordinatorOptions(**option_fields)
         elif option_fields:
             options = options.replace(**option_fields)
-        self.layout = layout
+        self.layout: KVLayout | SGLangLayout = layout
+        """The default layout of lookups that name none."""
         self.store = store
         self._options = options
         self._stats = CoordinatorStats()

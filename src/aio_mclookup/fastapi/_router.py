@@ -17,6 +17,7 @@ from starlette.types import Scope
 
 from .. import (
     BlockHasher,
+    KVLayout,
     LookupCoordinator,
 )
 from .._checks import positive_int
@@ -322,7 +323,7 @@ def create_router(
             return _HIT.pack(hit), OCTET_STREAM
         if media != "application/json":
             raise unsupported(media)
-        layout = coordinator.layout
+        layout = _vllm_layout(coordinator)
         found = decoder.scanned(body, ["body"], layout)
         if found is None:  # not the common shape: parse it
             found = decoder.item(_parse_json(body), ["body"], scope, layout)
@@ -353,7 +354,7 @@ def create_router(
                 f"{len(requests)} lookups, more than the limit {max_batch_requests}",
                 field="requests",
             )
-        layout = coordinator.layout
+        layout = _vllm_layout(coordinator)
         items = [
             decoder.item(req, ["body", "requests", i], scope, layout)
             for i, req in enumerate(requests)
@@ -497,3 +498,14 @@ def create_router(
         return _PrometheusResponse(text + "\n".join(http) + "\n")
 
     return router
+
+
+def _vllm_layout(coordinator: LookupCoordinator) -> KVLayout:
+    """The coordinator's layout, which this router's bodies (vLLM block hashes or token ids
+    hashed as vLLM does) are for."""
+    layout = coordinator.layout
+    if not isinstance(layout, KVLayout):
+        raise ApiError(
+            501, "unsupported_layout", "this router serves vLLM layouts (a KVLayout)"
+        )
+    return layout
