@@ -10,7 +10,9 @@ The lookup's deadline is a cancel scope around its waits; at the deadline the co
 
 The task group (the dispatcher, RPC tasks of an awaited store, retry timers) lives from
 ``async with coordinator`` to its end, in the task that entered it: under trio a coordinator
-is used inside ``async with`` only.
+is used inside ``async with`` only. Each of its tasks runs in a cancel scope of its own, so
+that :meth:`AnyioShell.aclose` can stop them from anywhere (the body of the ``async with``
+runs inside the group's own scope, which must not be cancelled under it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import collections
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -64,6 +66,7 @@ class AnyioShell:
         self._reserved = [0, 0]  # lookups, keys: admitted waiters not yet registered
         self._wake_event = anyio.Event()
         self._group: anyio.abc.TaskGroup | None = None
+        self._scopes: set[anyio.CancelScope] = set()  # one per running task of the group
         self._closed = False
         self._dispatching = False  # inside _dispatch: a call-back within it sends nothing more
 
@@ -73,11 +76,11 @@ class AnyioShell:
         group = anyio.create_task_group()
         await group.__aenter__()
         self._group = group
-        group.start_soon(self._dispatch_forever)
+        self._spawn(self._dispatch_forever)
 
-    async def aclose(self) -> None:
-        """Fail every pending caller with :class:`ClosedError`, then cancel and await the
-        dispatcher and the RPC tasks (in the task that called :meth:`start`)."""
+    def aclose(self) -> None:
+        """Fail every pending caller with :class:`ClosedError` and cancel the dispatcher and
+        the RPC tasks (from any task; :meth:`wait_closed` waits for them)."""
         if self._closed:
             return
         self._closed = True
@@ -87,11 +90,32 @@ class AnyioShell:
         for ticket in self._waiters:
             ticket.error = error
             ticket.event.set()
+        for scope in self._scopes:
+            scope.cancel()
+
+    async def wait_closed(self) -> None:
+        """After :meth:`aclose`: wait for the group's tasks to end and close the group (in the
+        task that called :meth:`start`, at the end of its ``async with``)."""
         group, self._group = self._group, None
         if group is not None:
-            group.cancel_scope.cancel()
             await group.__aexit__(None, None, None)
         self._core.rpcs_in_flight = self._calls_in_flight  # (call-backs still to come)
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run ``fn(*args)`` in a task of the group, in a cancel scope :meth:`aclose`
+        cancels."""
+        assert self._group is not None
+        self._group.start_soon(self._guarded, fn, args)
+
+    async def _guarded(self, fn: Callable[..., Awaitable[None]], args: tuple[Any, ...]) -> None:
+        if self._closed:  # (closed before the task began)
+            return
+        with anyio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                await fn(*args)
+            finally:
+                self._scopes.discard(scope)
 
     # --------------------------------------------------------------------------- lookups
     async def lookup(self, plan: LookupPlan, limit: float | None) -> LookupState:
@@ -258,8 +282,7 @@ class AnyioShell:
     def _dispatch(self, whole_only: bool = False) -> None:
         """Send what the core says to send; while the store is down, come back when the
         breaker lets a probe through."""
-        group = self._group
-        if group is None:
+        if self._group is None or self._closed:
             return
         self._dispatching = True
         try:
@@ -267,14 +290,14 @@ class AnyioShell:
             batches, retry_at = self._core.take_batches(now, whole_only)
             if retry_at is not None:
                 self._deliver()  # (queued keys failed fast)
-                group.start_soon(self._wake_at, max(0.0, retry_at - now))
+                self._spawn(self._wake_at, max(0.0, retry_at - now))
                 return
             submit = self._submit
             for batch in batches:
                 if submit is not None:
                     self._send(submit, batch, now)
                 else:
-                    group.start_soon(self._rpc, batch, now)
+                    self._spawn(self._rpc, batch, now)
         finally:
             self._dispatching = False
 

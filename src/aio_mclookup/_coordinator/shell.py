@@ -150,6 +150,8 @@ class LookupCoordinator:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+        if self._other is not None:
+            await self._other.wait_closed()
 
     def _start(self) -> None:
         if self._closed:
@@ -175,8 +177,8 @@ class LookupCoordinator:
         if self._closed:
             return
         self._closed = True
-        if self._other is not None:  # (in the task that entered it)
-            await self._other.aclose()
+        if self._other is not None:  # (its tasks end by the end of the async with)
+            self._other.aclose()
             return
         self._core.fail_all(ClosedError("the coordinator was closed"))
         self._deliver()
