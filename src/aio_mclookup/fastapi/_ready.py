@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
-from ._lifespan import CoordinatorDep
+from ._decode import _coordinator_of
+from ._errors import ApiError
+from ._models import ErrorResponse
 
 __all__ = ["ReadyResponse", "create_readiness_router"]
 
@@ -35,11 +37,21 @@ def create_readiness_router(probe_timeout: float = 2.0) -> APIRouter:
     @router.get(
         "/readyz",
         response_model=ReadyResponse,
-        responses={503: {"model": ReadyResponse, "description": "The store did not answer."}},
+        responses={
+            503: {
+                "model": ReadyResponse | ErrorResponse,
+                "description": "The store did not answer, or the coordinator is not running "
+                "(not_ready).",
+            }
+        },
         summary="Readiness: the store answers an RPC now",
     )
-    async def readyz(response: Response, coordinator: CoordinatorDep) -> ReadyResponse:
+    async def readyz(request: Request, response: Response) -> ReadyResponse | Response:
         """One probe RPC to the store (each call makes one: poll it every few seconds)."""
+        try:
+            coordinator = _coordinator_of(request.scope)
+        except ApiError as exc:  # (before start-up: 503 not_ready, as the router's routes)
+            return exc.response()
         started = time.perf_counter()
         try:
             await asyncio.wait_for(coordinator.store.batch_is_exist([PROBE_KEY]), probe_timeout)
