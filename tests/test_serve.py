@@ -270,3 +270,24 @@ async def test_serve_demo_starts_a_master_and_loads_demo_keys(tmp_path: Path) ->
         assert int(said.group(1)) > 0
         assert (await client.get("/readyz")).json()["ready"] is True
     assert not _exists(said.group(2))  # (the demo request is removed at the end)
+
+
+@pytest.mark.integration
+async def test_serve_with_two_workers_stops_them_all_on_sigterm(
+    local_master: Any, store_writer: Any, tmp_path: Path
+) -> None:
+    hashes = chain(4, b"serve-workers")
+    await store_writer.put_keys(LAYOUT.plan(64, hashes[:2]).keys)
+    argv = ["--layout", str(LAYOUT_FILE), "--master", local_master.master_address]
+    argv += ["--metadata", local_master.metadata_server, "--workers", "2"]
+    log = tmp_path / "workers.log"
+    async with serving(argv, log) as (_proc, client):
+        deadline = time.monotonic() + 60
+        while _text(log).count("Application startup complete") < 2:
+            assert time.monotonic() < deadline, _text(log)[-2000:]
+            await asyncio.sleep(0.1)
+        for _ in range(4):
+            body = {"num_tokens": 64, "block_hashes": [h.hex() for h in hashes]}
+            r = await client.post("/v1/lookup", json=body)
+            assert r.status_code == 200 and r.json() == {"hit_tokens": 32}
+    assert _text(log).count("Application shutdown complete") == 2
