@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,10 +22,13 @@ _T = TypeVar("_T")
 
 def on_asyncio() -> bool:
     """The running async library is asyncio (or no library can be told: asyncio's own calls
-    then raise their own error); False under trio."""
+    then raise their own error); False under trio. Without trio imported it is asyncio (the
+    only other library anyio runs on), told in a dictionary look-up; else sniffio tells."""
+    if "trio" not in sys.modules:
+        return True
     try:
         import sniffio
-    except ImportError:  # (anyio's other backends all bring sniffio)
+    except ImportError:  # (trio brings sniffio)
         return True
     try:
         return bool(sniffio.current_async_library() == "asyncio")
