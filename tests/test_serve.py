@@ -12,6 +12,7 @@ import json
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -291,3 +292,15 @@ async def test_serve_with_two_workers_stops_them_all_on_sigterm(
             r = await client.post("/v1/lookup", json=body)
             assert r.status_code == 200 and r.json() == {"hit_tokens": 32}
     assert _text(log).count("Application shutdown complete") == 2
+
+
+def test_serve_exits_1_when_the_master_is_unreachable() -> None:
+    argv = ["--layout", str(LAYOUT_FILE), "--master", "127.0.0.1:1"]
+    argv += ["--metadata", "http://127.0.0.1:2/metadata", "--port", str(_free_port())]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aio_mclookup", "serve", *argv],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Mooncake master 127.0.0.1:1 is not reachable" in proc.stderr
+    assert "the server did not start" in proc.stderr

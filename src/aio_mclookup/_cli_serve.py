@@ -4,7 +4,8 @@ Flags override the environment (:data:`~aio_mclookup.fastapi._serve.ENVIRONMENT`
 are checked before anything starts (exit 2 with the reason), then handed to uvicorn's workers
 through the environment. ``--demo`` starts an embedded master (a :class:`LocalMaster`) first,
 prints its addresses and, with ``--demo-keys``, stores a demo prompt and prints a request that
-finds it. SIGTERM (or Ctrl-C) shuts down gracefully and exits 0.
+finds it. SIGTERM (or Ctrl-C) shuts down gracefully and exits 0; a server that cannot start
+(the master unreachable, say) exits 1, bad settings 2.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if not started and not stopping:
-        sys.stderr.write("aio-mclookup serve: the server did not start (see above)\n")
+        _say("the server did not start (the reason is above)")
         return 1
     return 0
 
@@ -213,7 +214,10 @@ def _run_uvicorn(args: argparse.Namespace) -> bool:
         Multiprocess(config, sockets=[sock]).run()
         return True
     server = uvicorn.Server(config)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # (uvicorn's own exit when the app's start-up failed)
+        return False
     return bool(server.started)
 
 
