@@ -225,3 +225,14 @@ async def test_real_master_from_any_backend(
             stats = coord.stats()
     assert got == direct and any(r.hit_length for r in got)
     assert stats.rpcs_total < len(requests)
+
+
+async def test_a_dead_master_fails_open_fast_on_any_backend(anyio_backend: Any) -> None:
+    """The store's master probe (asyncio's sockets, or anyio's under trio): a refused connect
+    is ``StoreError(code=-900)`` at once, before the Mooncake client is built."""
+    store = mcl.MooncakeStore("127.0.0.1:1", "http://127.0.0.1:2/metadata", setup_timeout=2.0)
+    started = time.monotonic()
+    with pytest.raises(mcl.StoreError, match=r"127\.0\.0\.1:1 is not reachable") as info:
+        await store.open()
+    assert info.value.code == -900 and time.monotonic() - started < 2.0
+    assert store.closed
