@@ -8,7 +8,8 @@ to an event loop (their work runs on their own threads), so a writer opened here
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,8 +20,9 @@ try:
 except ImportError:  # pragma: no cover - uvloop is Linux-only
     uvloop = None
 
-# Modules whose async tests run on both asyncio's default loop and uvloop.
-_BOTH_LOOPS = {"test_coordinator.py", "test_coordinator_integration.py"}
+# Modules whose async tests run on both asyncio's default loop and uvloop (pytest-asyncio; the
+# tests marked ``anyio`` take their backends from ``anyio_backend`` below instead).
+_BOTH_LOOPS = {"test_coordinator.py"}
 
 
 def pytest_asyncio_loop_factories(
@@ -30,6 +32,64 @@ def pytest_asyncio_loop_factories(
     if uvloop is None or item.path.name not in _BOTH_LOOPS:
         return {"asyncio": asyncio.new_event_loop}
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+_BACKENDS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    *(
+        [pytest.param(("asyncio", {"loop_factory": uvloop.new_event_loop}), id="uvloop")]
+        if uvloop is not None
+        else []
+    ),
+    pytest.param(("trio", {}), id="trio"),
+]
+
+
+@pytest.fixture(params=_BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The backends of the tests marked ``anyio`` (anyio's pytest plugin): asyncio, uvloop
+    (asyncio with uvloop's loop) and trio."""
+    backend: tuple[str, dict[str, Any]] = request.param
+    return backend
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Module | pytest.Class, name: str, obj: object
+) -> Generator[None, Any, None]:
+    """Hand the tests marked ``anyio`` back to anyio's plugin: with ``asyncio_mode = "auto"``,
+    pytest-asyncio converts every async test into its own item and runs it on asyncio
+    (whatever ``anyio_backend`` says). This wrapper, outside its, turns those items back into
+    plain ones, which anyio's ``pytest_pyfunc_call`` runs on the test's backend."""
+    outcome = yield
+    result = outcome.get_result()
+    if not result:
+        return
+    items = result if isinstance(result, list) else [result]
+    if any(_is_anyio(item) for item in items):
+        outcome.force_result([_plain(item) if _is_anyio(item) else item for item in items])
+
+
+def _is_anyio(item: object) -> bool:
+    return isinstance(item, pytest.Function) and item.get_closest_marker("anyio") is not None
+
+
+def _plain(item: pytest.Function) -> pytest.Function:
+    """A plain :class:`pytest.Function` for ``item`` (pytest-asyncio's subclass or not)."""
+    if type(item) is pytest.Function:
+        return item
+    assert item.parent is not None
+    plain = pytest.Function.from_parent(
+        item.parent,
+        name=item.name,
+        callspec=getattr(item, "callspec", None),
+        callobj=item.obj,
+        fixtureinfo=item._fixtureinfo,
+        keywords=item.keywords,
+        originalname=item.originalname,
+    )
+    plain.own_markers = [m for m in item.own_markers if m.name != "asyncio"]
+    return plain
 
 
 def _require_mooncake() -> None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 def chain(count: int, seed: bytes) -> list[bytes]:
@@ -26,3 +30,19 @@ async def stop_process(proc: asyncio.subprocess.Process, grace: float = 30.0) ->
         proc.kill()
         await proc.wait()
         raise
+
+
+async def gather(*calls: Callable[[], Awaitable[_T]]) -> list[_T]:
+    """``asyncio.gather`` for any anyio backend: run each call in a task of one task group;
+    their results in order (the first error cancels the rest and is raised)."""
+    import anyio
+
+    results: list[Any] = [None] * len(calls)
+
+    async def run(i: int, call: Callable[[], Awaitable[_T]]) -> None:
+        results[i] = await call()
+
+    async with anyio.create_task_group() as group:
+        for i, call in enumerate(calls):
+            group.start_soon(run, i, call)
+    return results

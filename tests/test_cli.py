@@ -86,7 +86,7 @@ def _needs_mooncake() -> None:
         (["loadgen", "--requests", "5", "--duration", "3"], "not allowed with argument"),
         (["loadgen", "--preset", "chat", "--layout", "x.json"], "not allowed with argument"),
         (["loadgen", "--bogus"], "unrecognized arguments: --bogus"),
-        ([], "choose a command (loadgen, layout)"),
+        ([], "choose a command (loadgen, layout, serve)"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(

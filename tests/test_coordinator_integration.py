@@ -1,20 +1,21 @@
-"""LookupCoordinator against a real mooncake_master on loopback (started by the suite)."""
+"""LookupCoordinator against a real mooncake_master on loopback (started by the suite), under
+anyio's pytest plugin on asyncio, uvloop and trio (conftest's ``anyio_backend``)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 
+import anyio
 import numpy as np
 import pytest
 
 import aio_mclookup as mcl
 from aio_mclookup import LocalMaster, LookupCoordinator, MooncakeStore, StoreWriter
-from helpers import chain
+from helpers import chain, gather
 from v026_layouts import KVLayout  # these tests pin vLLM 0.26's rules
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 DSV4_SMALL = KVLayout(
     [
@@ -62,7 +63,7 @@ async def direct_hits(store: MooncakeStore, layout: KVLayout,
 
 
 async def test_written_keys_are_found_with_vllm_hits(
-    store_writer: StoreWriter, mooncake_store: MooncakeStore
+    anyio_backend: object, store_writer: StoreWriter, mooncake_store: MooncakeStore
 ) -> None:
     docs = [chain(1024, b"doc%d" % d) for d in range(2)]  # 4,096 tokens each
     for doc in docs:
@@ -76,10 +77,10 @@ async def test_written_keys_are_found_with_vllm_hits(
     want_chat = await direct_hits(mooncake_store, CHAT, chat_requests)
     assert any(want_dsv4) and any(want_chat) and 0 in want_chat
     async with LookupCoordinator(DSV4_SMALL, mooncake_store, timeout=30) as coord:
-        got = await asyncio.gather(
-            *(coord.lookup(t, np.frombuffer(b"".join(h), np.uint8).reshape(-1, 32))
+        got = await gather(
+            *(lambda t=t, h=h: coord.lookup(t, np.frombuffer(b"".join(h), np.uint8).reshape(-1, 32))
               for t, h in dsv4_requests),
-            *(coord.lookup(t, h, layout=CHAT) for t, h in chat_requests),
+            *(lambda t=t, h=h: coord.lookup(t, h, layout=CHAT) for t, h in chat_requests),
         )
         stats = coord.stats()
     assert got == want_dsv4 + want_chat
@@ -87,7 +88,7 @@ async def test_written_keys_are_found_with_vllm_hits(
 
 
 async def test_concurrent_callers_share_rpcs(
-    store_writer: StoreWriter, mooncake_store: MooncakeStore
+    anyio_backend: object, store_writer: StoreWriter, mooncake_store: MooncakeStore
 ) -> None:
     docs = [chain(256, b"share%d" % d) for d in range(4)]
     for doc in docs:
@@ -95,14 +96,14 @@ async def test_concurrent_callers_share_rpcs(
     requests = requests_for(CHAT, docs, 128, seed=3)
     want = await direct_hits(mooncake_store, CHAT, requests)
     async with LookupCoordinator(CHAT, mooncake_store, timeout=30, cache_ttl=None) as coord:
-        got = await asyncio.gather(*(coord.lookup(t, h) for t, h in requests))
+        got = await gather(*(lambda t=t, h=h: coord.lookup(t, h) for t, h in requests))
         stats = coord.stats()
     assert got == want
     assert stats.rpcs_total < len(requests) / 4
     assert stats.lookups_per_dispatch.sum / stats.lookups_per_dispatch.count > 2
 
 
-async def test_master_killed_midrun_bounded_errors_then_recovery() -> None:
+async def test_master_killed_midrun_bounded_errors_then_recovery(anyio_backend: object) -> None:
     hashes = chain(64, b"crash")
     plan = CHAT.plan(1024, hashes)
     async with (
@@ -132,7 +133,7 @@ async def test_master_killed_midrun_bounded_errors_then_recovery() -> None:
             except (mcl.StoreError, mcl.LookupTimeout):
                 pass
             assert time.monotonic() < deadline, "no recovery after the master restart"
-            await asyncio.sleep(0.3)
+            await anyio.sleep(0.3)
         assert coord.healthy
         errors = coord.stats().errors_by_code
         assert set(errors) <= {"-900", "-901", "-200", "timeout", "exception"}

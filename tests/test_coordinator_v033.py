@@ -1,14 +1,14 @@
 """The coordinator under vLLM 0.32/0.33's rules: for random layouts (every new field), store
 contents and arrival orders, ``lookup_result`` equals ``plan.resolve_result`` on the store's
-answers and ``lookup`` its hit, with several lookups sharing keys concurrently; on asyncio
-and uvloop."""
+answers and ``lookup`` its hit, with several lookups sharing keys concurrently; on asyncio,
+uvloop and trio (through anyio)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import random
 
+import anyio
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup._plan.rounds import probe_state
+from helpers import gather
 from test_hits_v033 import requests
 
 try:
@@ -23,14 +24,15 @@ try:
 except ImportError:  # pragma: no cover - Linux-only
     uvloop = None
 
-LOOPS = ["asyncio"] + (["uvloop"] if uvloop is not None else [])
+LOOPS = ["asyncio"] + (["uvloop"] if uvloop is not None else []) + ["trio"]
 
 
 def _run(loop_name: str, coro_fn: object) -> object:
     if loop_name == "uvloop":
         assert uvloop is not None
-        return uvloop.run(coro_fn())  # type: ignore[operator]
-    return asyncio.run(coro_fn())  # type: ignore[operator]
+        options = {"loop_factory": uvloop.new_event_loop}
+        return anyio.run(coro_fn, backend="asyncio", backend_options=options)  # type: ignore[arg-type]
+    return anyio.run(coro_fn, backend=loop_name)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)
@@ -67,7 +69,7 @@ def test_coordinator_results_equal_the_plans_own(
 
             async def one(i: int) -> object:
                 layout, n, hashes, _ = cases[i]
-                await asyncio.sleep(rng.random() * 0.003)
+                await anyio.sleep(rng.random() * 0.003)
                 try:
                     result = await coord.lookup_result(n, hashes, layout=layout)
                 except mcl.InvalidRequest as exc:
@@ -75,7 +77,7 @@ def test_coordinator_results_equal_the_plans_own(
                 assert await coord.lookup(n, hashes, layout=layout) == result.hit_length
                 return result
 
-            return await asyncio.gather(*(one(i) for i in order))
+            return await gather(*(lambda i=i: one(i) for i in order))
 
     got = _run(loop_name, main)
     for i, result in zip(order, got):  # type: ignore[call-overload]

@@ -20,7 +20,8 @@ Conventions, for whoever writes a page:
   block a reader cannot copy.
 * **```bash commands are checked**, each against what it names, without side effects beyond a
   short local run: ``aio-mclookup ...``, ``python -m aio_mclookup ...`` and ``bash run.sh
-  loadgen ...`` are parsed and validated by the command's own parser (and ``--help`` is run);
+  loadgen ...`` are parsed and validated by the command's own parser (and ``--help`` is run;
+  ``serve``'s settings are checked as the command checks them, nothing started);
   ``bash run.sh test|bench|setup|vllm-env`` must be a sub-command of run.sh (never run here);
   ``python path.py`` is run (bounded); ``pip install``/``pip wheel`` must name this clone
   (``.``, with extras pyproject defines) or a wheel ``pip wheel`` builds (aio-mclookup is not
@@ -381,6 +382,13 @@ def _check_cli(cmd: Command, args: list[str]) -> None:
             _cli._config(parsed, io.StringIO())
         except Exception as exc:
             pytest.fail(f"{cmd.where}: `{cmd.text}`: {type(exc).__name__}: {exc}")
+    if parsed is not None and getattr(parsed, "command", None) == "serve":
+        from aio_mclookup._cli_serve import serve_settings
+
+        try:  # (the settings as the command checks them, over this environment)
+            serve_settings(parsed, {**os.environ, **cmd.env})
+        except Exception as exc:
+            pytest.fail(f"{cmd.where}: `{cmd.text}`: {type(exc).__name__}: {exc}")
     program = BIN / "aio-mclookup"
     assert program.exists(), f"{cmd.where}: {program} is not installed"
     proc = subprocess.run(
@@ -651,6 +659,8 @@ def test_harness_refuses_commands_that_would_not_work(tmp_path: Path) -> None:
         ("bash run.sh deploy", "run.sh has no command 'deploy'"),
         ("aio-mclookup loadgen --concurrency 0", "--concurrency must be >= 1"),
         ("aio-mclookup loadgen --bogus", "does not parse"),
+        ("aio-mclookup serve --layout nope.json --demo", r"nope\.json: cannot read it"),
+        ("aio-mclookup serve --layout examples/layouts/single_full_attention.json", "no master"),
         ("python examples/nope.py", "examples/nope.py does not exist"),
         ("uvicorn fastapi_app:nope --app-dir examples", "defines no nope"),
         ("make all", "no check for 'make'"),

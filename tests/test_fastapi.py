@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -642,6 +641,11 @@ async def test_example_app_serves_hits_from_a_real_master(
             config = (await client.get("/v1/layout")).json()
             assert config["layout"] == layout.to_dict()
             assert config["hasher"] == hasher.to_dict() and config["hasher"]["seeded"]
+            # The app's own route, on the same coordinator; and /readyz.
+            fraction = {"num_tokens": 64, "block_hashes": [h.hex() for h in hashes]}
+            r = await client.post("/v1/cached-fraction", json=fraction)
+            assert r.status_code == 200 and r.json() == {"cached_fraction": 0.5}
+            assert (await client.get("/readyz")).json()["ready"] is True
     finally:
         await stop_process(proc)
     log = log_path.read_text(errors="replace")
@@ -700,43 +704,6 @@ async def test_example_app_with_several_workers_answers_alike_on_every_connectio
         await stop_process(proc)
     log = log_path.read_text(errors="replace")
     assert log.count("Application shutdown complete") == 2, log[-2000:]
-
-
-def _example_module() -> Any:
-    spec = importlib.util.spec_from_file_location("example_app", EXAMPLES / "fastapi_app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize(
-    ("raw", "options"),
-    [
-        (None, {}),
-        ("600", {"cache_ttl": 600.0}),
-        ("0.25", {"cache_ttl": 0.25}),
-        ("none", {"cache_ttl": None}),
-        (" None ", {"cache_ttl": None}),
-    ],
-)
-def test_the_examples_cache_ttl_comes_from_the_environment(
-    monkeypatch: pytest.MonkeyPatch, raw: str | None, options: dict[str, Any]
-) -> None:
-    if raw is None:
-        monkeypatch.delenv("AIO_MCLOOKUP_CACHE_TTL", raising=False)
-    else:
-        monkeypatch.setenv("AIO_MCLOOKUP_CACHE_TTL", raw)
-    assert _example_module().load_cache_options() == options
-
-
-@pytest.mark.parametrize("raw", ["0", "-1", "nan", "five", ""])
-def test_the_example_refuses_a_cache_ttl_the_coordinator_would_refuse(
-    monkeypatch: pytest.MonkeyPatch, raw: str
-) -> None:
-    monkeypatch.setenv("AIO_MCLOOKUP_CACHE_TTL", raw)
-    with pytest.raises(RuntimeError, match=r"AIO_MCLOOKUP_CACHE_TTL=.*seconds"):
-        _example_module().load_cache_options()
 
 
 def test_example_refuses_a_hash_configuration_it_cannot_reproduce() -> None:

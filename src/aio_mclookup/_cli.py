@@ -3,6 +3,8 @@
 ``aio-mclookup loadgen`` with no arguments starts a loopback Mooncake master, fills it with a
 synthetic chat cache, and measures the coordinator against vLLM's per-request way. Exit codes:
 0 done, 1 the run failed or runs disagreed on hits, 2 bad arguments, 130 interrupted.
+``aio-mclookup layout`` checks a layout file; ``aio-mclookup serve`` (:mod:`._cli_serve`) serves
+lookups over HTTP.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tempfile
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, NoReturn, TextIO, TypeVar
 
+from ._cli_serve import add_serve_parser, serve
 from ._errors import InvalidRequest
 from ._layout.layout import KVLayout
 from ._loadgen.workload import PRESETS, WorkloadSpec, preset_layout
@@ -47,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``aio-mclookup`` parser (sub-command ``loadgen``)."""
+    """The ``aio-mclookup`` parser (sub-commands ``loadgen``, ``layout``, ``serve``)."""
     parser = _Parser(
         prog="aio-mclookup",
         description="Coalescing asyncio prefix lookups for the Mooncake KV-cache store.",
@@ -82,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     ly.set_defaults(subparser=ly)
+    add_serve_parser(sub)
     ly.add_argument("file", metavar="FILE.json", help="the layout file")
     ly.add_argument(
         "--hash",
@@ -531,9 +535,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            parser.error("choose a command (loadgen, layout); see aio-mclookup --help")
+            parser.error("choose a command (loadgen, layout, serve); see aio-mclookup --help")
         if args.command == "layout":
             return _layout(args, args.subparser)
+        if args.command == "serve":
+            return serve(args, args.subparser)
         return _loadgen(args, args.subparser)
     except SystemExit as exc:
         code = exc.code

@@ -19,8 +19,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._backend import on_asyncio
 from .._checks import integer
 from .._errors import (
     ClosedError,
@@ -40,6 +41,9 @@ from .._resolve.result import LookupResult
 from .._store.protocol import Answer, CallbackStore, Key, Store
 from .core import CoordinatorCore, LookupState
 from .options import CoordinatorOptions, check_timeout
+
+if TYPE_CHECKING:
+    from .anyio_shell import AnyioShell
 
 __all__ = ["LookupCoordinator"]
 
@@ -68,6 +72,10 @@ class LookupCoordinator:
 
     Options come as a :class:`CoordinatorOptions` (``options=``) or as its fields by keyword
     (``timeout=0.5``); see :class:`CoordinatorOptions` and ``docs/coordinator.md``.
+
+    On asyncio (and uvloop) it starts on first use; under another anyio backend (trio) it
+    runs only inside ``async with coordinator:``, its tasks in a task group of the entering
+    task (:mod:`.anyio_shell`).
     """
 
     def __init__(
@@ -111,6 +119,7 @@ class LookupCoordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._dispatching = False  # inside _dispatch: a call-back within it sends nothing more
+        self._other: AnyioShell | None = None  # the shell under anyio's other backends (trio)
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -132,17 +141,33 @@ class LookupCoordinator:
 
     # ------------------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> LookupCoordinator:
-        self._start()
+        if on_asyncio():
+            self._start()
+        elif self._other is None:
+            if self._closed:
+                raise ClosedError("the coordinator is closed")
+            from .anyio_shell import AnyioShell
+
+            other = AnyioShell(self._core, self._stats, self.store)
+            await other.start()
+            self._other = other
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+        if self._other is not None:
+            await self._other.wait_closed()
 
     def _start(self) -> None:
         if self._closed:
             raise ClosedError("the coordinator is closed")
         if self._dispatcher is not None:
             return
+        if not on_asyncio():
+            raise ClosedError(
+                "under this async library the coordinator runs inside 'async with "
+                "LookupCoordinator(...)' only (it has not been entered)"
+            )
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._dispatcher = self._loop.create_task(self._dispatch_forever())
@@ -157,6 +182,9 @@ class LookupCoordinator:
         if self._closed:
             return
         self._closed = True
+        if self._other is not None:  # (its tasks end by the end of the async with)
+            self._other.aclose()
+            return
         self._core.fail_all(ClosedError("the coordinator was closed"))
         self._deliver()
         for waiter, _ in self._waiters:
@@ -249,6 +277,8 @@ class LookupCoordinator:
         if self._closed:
             raise ClosedError("the coordinator is closed")
         limit = self._options.timeout if timeout is DEFAULT else check_timeout("timeout", timeout)
+        if self._other is not None:
+            return await self._other.lookup(plan, limit)
         if self._dispatcher is None:
             self._start()
         loop = self._loop

@@ -4,7 +4,6 @@ processes that die with their parent."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
+from .._backend import sleep
 from .._errors import ClosedError, InvalidRequest, StoreError
 from .._public import present_as_public
 from .._store.pool import LOOPBACK, port_accepts
@@ -144,11 +144,11 @@ def _run_sync(gen: Generator[float, None, _T]) -> _T | None:
 
 
 async def _run_async(gen: Generator[float, None, _T]) -> _T | None:
-    """Drive a step generator, sleeping with ``asyncio.sleep`` between steps."""
+    """Drive a step generator, sleeping on the running async library between steps."""
     try:
         done, delay, result = _next_step(gen)
         while not done:
-            await asyncio.sleep(delay)
+            await sleep(delay)
             done, delay, result = _next_step(gen)
         return result
     finally:

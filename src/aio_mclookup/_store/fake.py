@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 
+from .._backend import sleep
 from .._errors import StoreError
 from .protocol import Key, as_bytes
 
@@ -39,7 +39,7 @@ class FakeStore:
         batch = [as_bytes(k) for k in keys]
         self.calls.append(batch)
         if self.delay:
-            await asyncio.sleep(self.delay)
+            await sleep(self.delay)
         failure = self.fail_with
         if isinstance(failure, BaseException):
             raise failure

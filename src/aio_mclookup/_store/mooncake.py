@@ -3,13 +3,13 @@ awaited (:class:`~aio_mclookup.Store`) or calling back (:class:`~aio_mclookup.Ca
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._backend import call_soon_threadsafe
 from .._errors import InvalidRequest, LookupTimeout, StoreError
 from .codes import raise_if_failed_rpc
 from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error, raise_as_error
@@ -132,9 +132,10 @@ class MooncakeStore(ClientPool):
         self, keys: Sequence[str | bytes], then: Callable[[list[int] | BaseException], None]
     ) -> None:
         """:meth:`batch_is_exist` for the coordinator, without an awaiting task: ``then``
-        gets the answers (or the :class:`Error` it would raise) on this loop's thread, as
-        soon as the loop picks them up. Raises :class:`ClosedError` as it would."""
-        loop = asyncio.get_running_loop()
+        gets the answers (or the :class:`Error` it would raise) on this loop's thread (asyncio's,
+        or trio's), as soon as the loop picks them up. Raises :class:`ClosedError` as it
+        would."""
+        call_soon = call_soon_threadsafe()
         client = self._client_or_closed()
         batch = list(keys)
 
@@ -147,6 +148,6 @@ class MooncakeStore(ClientPool):
             else:
                 outcome = done.result()
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(then, outcome)
+                call_soon(then, outcome)
 
         self._submit(functools.partial(_exist, client, batch)).add_done_callback(deliver)

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
+from .._backend import on_asyncio, wait_future
 from .._checks import positive_int
 from .._errors import ClosedError, Error, InvalidRequest, StoreError
 from .codes import RPC_FAIL, RPC_TIMEOUT
@@ -52,6 +53,10 @@ def _split_host_port(address: str) -> tuple[str, int]:
 
 async def _tcp_probe(host: str, port: int, timeout: float) -> OSError | None:
     """Try one TCP connect without blocking the loop; return the error or ``None`` on success."""
+    if not on_asyncio():
+        from .anyio_probes import tcp_probe
+
+        return await tcp_probe(host, port, timeout)
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -81,6 +86,10 @@ async def _answers(host: str, port: int, timeout: float) -> bool:
     """A live master answers a malformed request by closing the connection; False when
     nothing came back within ``timeout`` (a hung master: ``setup()`` would freeze the process
     for the RPC timeout per attempt)."""
+    if not on_asyncio():
+        from . import anyio_probes
+
+        return await anyio_probes.answers(host, port, timeout, _NOT_A_REQUEST)
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     except (OSError, asyncio.TimeoutError):
@@ -164,7 +173,7 @@ class ClientPool:
     thread finishes, even when the awaiting caller is cancelled (the result is then dropped).
     Closing first refuses new calls (:class:`ClosedError`), then waits for the in-flight ones,
     then runs ``client.close()`` on the pool, then shuts the pool down. The object is not bound to
-    an event loop: each call uses the loop that awaits it.
+    an event loop: each call uses the loop that awaits it (asyncio's, or trio's through anyio).
     """
 
     _role = "client"
@@ -244,7 +253,7 @@ class ClientPool:
             fut = self._begin_close()
             if isinstance(exc, Exception):
                 with contextlib.suppress(Exception):
-                    await asyncio.wrap_future(fut)
+                    await wait_future(fut)
             raise
         with self._cond:
             if self._state != _OPENING:
@@ -260,7 +269,7 @@ class ClientPool:
         """
         fut = self._begin_close()
         # Shielded: a caller that stops waiting must not cancel the close job itself.
-        await asyncio.shield(asyncio.wrap_future(fut))
+        await wait_future(fut, shield=True)
 
     async def __aenter__(self: _Self) -> _Self:
         await self.open()
@@ -369,7 +378,7 @@ class ClientPool:
         """Run ``fn`` on the pool if the object is in ``state``; count it in flight."""
         cf = self._submit(fn, state)
         try:
-            return await asyncio.wrap_future(cf)
+            return await wait_future(cf)
         except Exception as exc:
             raise_as_error(exc)
 

@@ -6,6 +6,9 @@
 * :func:`create_router` returns the ready :class:`~fastapi.APIRouter`: ``POST /v1/lookup``,
   ``POST /v1/lookup/batch``, ``GET /v1/layout``, ``GET /healthz`` and ``GET /metrics``;
 * :func:`create_app` puts them together;
+* :func:`create_readiness_router`: ``GET /readyz``, one probe RPC to the store;
+* :class:`ServeSettings` and :func:`create_serve_app`: the service ``aio-mclookup serve`` runs
+  (settings from the environment);
 * :class:`LookupFastPath` (ASGI middleware) serves the two lookup routes before FastAPI's
   middleware, routing and dependency machinery, with the routes' own answers.
 
@@ -38,7 +41,9 @@ from ._models import (
     MMFeature,
     ValidationErrorResponse,
 )
+from ._ready import ReadyResponse, create_readiness_router
 from ._router import create_router
+from ._serve import ServeSettings, create_serve_app
 
 __all__ = [
     "HASHER_KEY",
@@ -54,9 +59,13 @@ __all__ = [
     "LookupRequest",
     "LookupResponse",
     "MMFeature",
+    "ReadyResponse",
+    "ServeSettings",
     "ValidationErrorResponse",
     "coordinator_lifespan",
     "create_app",
+    "create_readiness_router",
     "create_router",
+    "create_serve_app",
     "get_coordinator",
 ]
