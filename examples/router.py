@@ -115,7 +115,7 @@ def create_router_app(
             options.update(lora_name=body.model, lora_path=adapters[body.model])
         try:
             hashes = hasher.hash(ids, **options)
-            found = await coordinator.lookup_request(len(ids), hashes) if len(hashes) else 0
+            found = await coordinator.lookup(len(ids), hashes) if len(hashes) else 0
         except InvalidRequest as exc:
             raise HTTPException(422, f"{exc.field or 'prompt_token_ids'}: {exc}") from exc
         except Error:  # the store is down or slow: fail open, route as if nothing were cached

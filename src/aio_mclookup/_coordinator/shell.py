@@ -59,8 +59,9 @@ DEFAULT = _Default()
 class LookupCoordinator:
     """Answer many concurrent prefix lookups with shared, deduplicated store RPCs.
 
-    ``await coordinator.lookup(token_len, block_hashes)`` returns exactly what
-    ``layout.plan(token_len, block_hashes).resolve(answers)`` gives on the store's answers.
+    ``await coordinator.lookup(num_tokens, block_hashes)`` returns vLLM's scheduler's count
+    for a request of ``num_tokens`` tokens, on the store's answers; ``lookup_result`` the
+    worker's whole reply (see each method).
     The coordinator uses the store but does not open or close it.
 
     Options come as a :class:`CoordinatorOptions` (``options=``) or as its fields by keyword
@@ -169,39 +170,6 @@ class LookupCoordinator:
     # --------------------------------------------------------------------------- lookups
     async def lookup(
         self,
-        token_len: int,
-        block_hashes: HashInput,
-        *,
-        layout: KVLayout | None = None,
-        timeout: float | _Default | None = DEFAULT,
-    ) -> int:
-        """The prefix hit, in tokens, of one request: what the layout's vLLM release's worker
-        answers for ``token_len`` (see :meth:`KVLayout.plan`) on the store's answers.
-
-        ``layout`` lets one coordinator serve several models; ``timeout`` overrides the
-        coordinator's for this call (None: no bound).
-        """
-        state = await self._lookup(self._plan(layout, token_len, block_hashes), timeout)
-        return state.hit
-
-    async def lookup_result(
-        self,
-        n: int,
-        block_hashes: HashInput,
-        *,
-        layout: KVLayout | None = None,
-        timeout: float | _Default | None = DEFAULT,
-    ) -> LookupResult:
-        """vLLM's whole lookup result (hit and, vLLM 0.32+, tail-key boundaries), as
-        :meth:`LookupPlan.resolve_result` gives it on the store's answers; ``n`` as for
-        :meth:`lookup`."""
-        state = await self._lookup(self._plan(layout, n, block_hashes), timeout)
-        result = state.state.result
-        assert result is not None
-        return result
-
-    async def lookup_request(
-        self,
         num_tokens: int,
         block_hashes: HashInput,
         *,
@@ -209,15 +177,48 @@ class LookupCoordinator:
         timeout: float | _Default | None = DEFAULT,
     ) -> int:
         """How many tokens of a request of ``num_tokens`` tokens vLLM's scheduler counts as
-        found in the store: on vLLM 0.26 it aligns the length, looks up and leaves one token
-        to compute; on 0.32+ it takes the worker's answer for ``num_tokens``. What a router
-        wants."""
+        found in the store, for the layout's release: on vLLM 0.32+ the worker's answer for
+        ``num_tokens`` (it aligns and leaves a token to compute itself); on vLLM 0.26 the
+        worker's answer for the aligned length (:meth:`KVLayout.align`), lowered by the
+        scheduler's leave-one-token rule (:meth:`KVLayout.leave_one_token`). What a scheduler
+        or router wants; ``num_tokens`` need not be aligned.
+
+        ``layout`` lets one coordinator serve several models; ``timeout`` overrides the
+        coordinator's for this call (None: no bound).
+        """
         layout = self._layout_or_default(layout)
+        if layout.vllm_version != "0.26.0":
+            return (await self._lookup(layout.plan(num_tokens, block_hashes), timeout)).hit
         n = integer("num_tokens", num_tokens)
+        state = await self._lookup(layout.plan(layout.align(n), block_hashes), timeout)
+        return layout.leave_one_token(state.hit, n)
+
+    async def lookup_result(
+        self,
+        num_tokens: int,
+        block_hashes: HashInput,
+        *,
+        layout: KVLayout | None = None,
+        timeout: float | _Default | None = DEFAULT,
+    ) -> LookupResult:
+        """vLLM's worker reply to the lookup of the same request as :meth:`lookup`, whole:
+        :meth:`LookupPlan.resolve_result` on the store's answers. On vLLM 0.32+ its
+        ``hit_length`` is :meth:`lookup`'s answer and it carries the tail-key boundaries. On
+        vLLM 0.26 it is the worker's reply for the aligned length (no boundaries), before the
+        scheduler's rule: ``lookup(n) == layout.leave_one_token(result.hit_length, n)`` on
+        every release (that rule is the identity on 0.32+).
+        """
+        layout = self._layout_or_default(layout)
+        n = num_tokens
         if layout.vllm_version == "0.26.0":
-            hit = await self.lookup(layout.align(n), block_hashes, layout=layout, timeout=timeout)
-            return layout.leave_one_token(hit, n)
-        return await self.lookup(n, block_hashes, layout=layout, timeout=timeout)
+            n = layout.align(integer("num_tokens", num_tokens))
+        state = await self._lookup(layout.plan(n, block_hashes), timeout)
+        result = state.state.result
+        assert result is not None
+        return result
+
+    lookup_request = lookup
+    """A plain alias of :meth:`lookup` (its former name)."""
 
     def _layout_or_default(self, layout: KVLayout | None) -> KVLayout:
         if layout is None:
@@ -227,9 +228,6 @@ class LookupCoordinator:
                 f"layout must be a KVLayout, got {type(layout).__name__}", field="layout"
             )
         return layout
-
-    def _plan(self, layout: KVLayout | None, n: int, block_hashes: HashInput) -> LookupPlan:
-        return self._layout_or_default(layout).plan(n, block_hashes)  # raises InvalidRequest
 
     async def _lookup(self, plan: LookupPlan, timeout: float | _Default | None) -> LookupState:
         """Admit, probe and resolve one plan, with the lookup-level statistics; cleans up

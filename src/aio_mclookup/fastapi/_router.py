@@ -188,10 +188,12 @@ def _route_class(counts: collections.Counter[tuple[str, int]]) -> type[APIRoute]
 
 
 async def _answer(coordinator: LookupCoordinator, item: _Item, kwargs: Mapping[str, Any]) -> int:
-    """``token_len``: the plain lookup; ``num_tokens``: vLLM's scheduler view of it."""
+    """``num_tokens``: vLLM's scheduler's count; ``token_len`` (aligned): the worker's reply
+    for it, before vLLM 0.26's scheduler rule (the same answer on 0.32+)."""
     if item.token_len is not None:
-        return await coordinator.lookup(item.token_len, item.hashes, **kwargs)
-    return await coordinator.lookup_request(item.num_tokens, item.hashes, **kwargs)
+        result = await coordinator.lookup_result(item.token_len, item.hashes, **kwargs)
+        return result.hit_length
+    return await coordinator.lookup(item.num_tokens, item.hashes, **kwargs)
 
 
 async def _lookup_all(
