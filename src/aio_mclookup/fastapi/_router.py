@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.params import Depends as DependsParam
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.types import Scope
@@ -115,10 +115,10 @@ _FRAME_SCHEMA = {
 }
 
 
-class _JSONBytes(Response):
-    """The routes' success responses: JSON rendered by hand (a fixed, tiny shape)."""
-
-    media_type = "application/json"
+class _JSONBytes(JSONResponse):
+    """The lookup routes' declared response class: JSON, so that OpenAPI shows the
+    ``response_model`` (the endpoints render their tiny fixed shape by hand and return a ready
+    :class:`Response`)."""
 
 
 class _PrometheusResponse(PlainTextResponse):
