@@ -225,7 +225,7 @@ async def vllm_answer(
     from aio_mclookup._reference.v033 import BaselineLookupV033
 
     rows = [bytes(h) for h in hashes]
-    config = layout.to_dict()
+    config = {k: v for k, v in layout.to_dict().items() if k != "hash_bytes"}  # (checked)
 
     async def exists(keys: list[str]) -> list[int]:
         out: list[int] = []

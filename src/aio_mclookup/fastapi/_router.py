@@ -319,7 +319,9 @@ def create_router(
     ) -> tuple[bytes, str]:
         """One lookup body -> the reply's bytes and media type; raises ApiError."""
         if media == OCTET_STREAM:
-            item = _decode_frame(body, max_hashes_per_request)
+            item = decoder.checked(
+                _decode_frame(body, max_hashes_per_request), ["body"], coordinator.layout
+            )
             (hit,) = await _lookup_all(coordinator, [item], kwargs, batch=False)
             return _HIT.pack(hit), OCTET_STREAM
         if media != "application/json":
