@@ -826,3 +826,47 @@ def test_harness_checks_documented_lookup_answers_against_vllm(tmp_path: Path) -
     )
     with pytest.raises(AssertionError, match=r"page.md:12: printed .1136., but vLLM.s sched"):
         run_python_page(_page(tmp_path, wrong), _no_master)
+
+
+def _section(page: str, name: str) -> str:
+    return page.split(f"<!-- {name}:start -->")[1].split(f"<!-- {name}:end -->")[0]
+
+
+def test_benchmarks_summary_states_the_figures_of_its_sections() -> None:
+    """The summary table's ratios are those of the tables the scripts wrote (rerunning a
+    benchmark changes them: update the summary with it)."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    summary = page.split("<!--", 1)[0]
+    ratios = {
+        row.split("|")[1].strip(): re.findall(r"\*\*([\d.]+x)\*\*", row)[-1]
+        for row in _section(page, "bench_coalesce").splitlines()
+        if row.startswith("|") and "| coordinator |" in row
+    }
+    rows = {line.split("|")[1].strip(): line for line in summary.splitlines() if "|" in line}
+
+    def row(start: str) -> str:
+        return next(text for name, text in rows.items() if name.startswith(start))
+
+    assert f"**{ratios['chat']}**" in row("chat:") and ratios["chat-0.33"] in row("chat:")
+    assert ratios["chat-single"] in row("the same chat prompts, one caller")
+    dsv4 = row("DeepSeek-V4-like (4 groups")
+    assert all(ratios[k] in dsv4 for k in ("dsv4", "dsv4-single", "dsv4-0.33"))
+    assert ratios["sessions"] in row("multi-turn sessions")
+    assert f"{ratios['chat-burst']} / {ratios['dsv4-burst']}" in row("cold bursts")
+    loadgen = _section(page, "bench_loadgen")
+    savings = re.findall(r"^saving at concurrency \d+: ([\d.]+x)", loadgen, re.M)
+    assert ", ".join(savings) in row("the load generator's default run"), savings
+    low, high = min(savings, key=lambda r: float(r[:-1])), max(savings, key=lambda r: float(r[:-1]))
+    assert f"shows {low[:-1]}-{high} where the chat row shows {ratios['chat']}" in summary
+
+
+def test_loadgen_prose_states_the_ratios_of_its_samples() -> None:
+    page = (ROOT / "docs" / "loadgen.md").read_text()
+    chat = re.findall(r"^saving at concurrency (\d+): ([\d.]+)x", page, re.M)[:4]
+    said = ", ".join(f"{r}x (c={c})" for c, r in chat[:3]) + f" and {chat[3][1]}x (c={chat[3][0]})"
+    assert said in page.replace("\n  ", " "), said
+    dsv4 = page.split("--preset dsv4 -c 1,16,64")[1].split("```text")[1].split("```")[0]
+    row = r"^\w[\w-]+ +\d+ +[\d,]+ +\d+ +([\d,]+)"
+    rates = [int(m.replace(",", "")) for m in re.findall(row, dsv4, re.M)]
+    pairs = [f"{rates[i] / rates[i + 1]:.1f}x" for i in range(0, len(rates), 2)]
+    assert f"dsv4 {pairs[0]}, {pairs[1]} and {pairs[2]} (c=1, 16," in page.replace("\n  ", " ")
