@@ -644,3 +644,15 @@ def test_layout_command_refuses_a_bad_file(
     path.write_text(json.dumps({"model": "m", "vllm_version": "0.29"}))
     assert main(["layout", str(path)]) == 2
     assert "0.29" in capsys.readouterr().err
+
+
+def test_missing_mooncake_names_installs_that_exist(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aio_mclookup import _cli
+
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)  # import mooncake.store fails
+    code = _cli.main(["loadgen"])
+    err = capsys.readouterr().err
+    assert code == 2 and "mooncake-transfer-engine-non-cuda" in err, err
+    assert "aio-mclookup[" not in err  # not on PyPI: only a clone's extras

@@ -31,7 +31,15 @@ from .._errors import ClosedError, Error, InvalidRequest, StoreError
 from .codes import RPC_FAIL, RPC_TIMEOUT
 from .logs import quiet_settings, setup_output
 
-__all__ = ["LOOPBACK", "ClientPool", "as_error", "client_config", "client_env", "port_accepts"]
+__all__ = [
+    "LOOPBACK",
+    "MOONCAKE_INSTALL",
+    "ClientPool",
+    "as_error",
+    "client_config",
+    "client_env",
+    "port_accepts",
+]
 
 _T = TypeVar("_T")
 _Self = TypeVar("_Self", bound="ClientPool")
@@ -98,6 +106,12 @@ async def _answers(host: str, port: int, timeout: float) -> bool:
         writer.close()
     return True
 
+
+MOONCAKE_INSTALL = (
+    "pip install mooncake-transfer-engine-non-cuda (CPU hosts; from a clone of aio-mclookup: "
+    "pip install -e '.[cpu]'), or mooncake-transfer-engine on GPU hosts"
+)
+"""How to install the Mooncake wheel, for error messages (aio-mclookup is not on PyPI)."""
 
 _ENV_LOCK = threading.Lock()
 """Serialises client construction: the ``MC_*`` settings are process-wide while it runs."""
