@@ -188,9 +188,14 @@ class LookupCoordinator:
         """
         layout = self._layout_or_default(layout)
         if layout.vllm_version != "0.26.0":
-            return (await self._lookup(layout.plan(num_tokens, block_hashes), timeout)).hit
+            plan = layout.plan(num_tokens, block_hashes)
+            hit = (await self._lookup(plan, timeout)).hit
+            self._stats.count_model(layout.model, plan.token_len, hit)
+            return hit
         n = integer("num_tokens", num_tokens)
-        state = await self._lookup(layout.plan(layout.align(n), block_hashes), timeout)
+        plan = layout.plan(layout.align(n), block_hashes)
+        state = await self._lookup(plan, timeout)
+        self._stats.count_model(layout.model, plan.token_len, state.hit)
         return layout.leave_one_token(state.hit, n)
 
     async def lookup_result(
@@ -212,9 +217,11 @@ class LookupCoordinator:
         n = num_tokens
         if layout.vllm_version == "0.26.0":
             n = layout.align(integer("num_tokens", num_tokens))
-        state = await self._lookup(layout.plan(n, block_hashes), timeout)
+        plan = layout.plan(n, block_hashes)
+        state = await self._lookup(plan, timeout)
         result = state.state.result
         assert result is not None
+        self._stats.count_model(layout.model, plan.token_len, state.hit)
         return result
 
     lookup_request = lookup
