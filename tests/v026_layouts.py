@@ -33,10 +33,6 @@ class LookupCoordinator(mcl.LookupCoordinator):
         self, num_tokens: int, block_hashes: mcl.HashInput, **kw: Any
     ) -> int:
         layout = kw.get("layout") or self.layout
-        block = getattr(layout, "scheduler_block_size", 1)
-        if type(num_tokens) is int and num_tokens > 0 and num_tokens % block:
-            raise mcl.InvalidRequest(  # the worker takes aligned lengths only
-                f"token_len={num_tokens} must be a multiple of scheduler_block_size={block}",
-                field="token_len",
-            )
+        if isinstance(layout, mcl.KVLayout) and layout.vllm_version == "0.26.0":
+            layout.plan(num_tokens, block_hashes)  # the worker's checks: aligned lengths only
         return (await self.lookup_result(num_tokens, block_hashes, **kw)).hit_length
