@@ -21,7 +21,9 @@ Conventions, for whoever writes a page:
   scheduler's count, ``lookup_result`` the worker's reply. And a documented print of a call
   ``print(await f(num_tokens, ...))  # 1152`` that makes a lookup must print vLLM's scheduler's
   count for a request of ``num_tokens`` tokens (with the hashes and layout of that lookup): a
-  recipe that computes something else fails, whatever its comment says.
+  recipe that computes something else fails, whatever its comment says. Likewise a page's own
+  ``layout.plan(n, hashes)``: its keys and every ``resolve`` / ``resolve_result`` of it are
+  compared with the reference port's on the same answers.
 * **``<!-- not-run: reason -->``** on the line right before a fence skips that block (a
   signature with its defaults, a fragment). Use it sparingly: a block that cannot run is a
   block a reader cannot copy.
@@ -318,7 +320,71 @@ class _Oracle:
             mp.setattr(LookupCoordinator, "lookup", checked_lookup)
             mp.setattr(LookupCoordinator, "lookup_request", checked_lookup)
             mp.setattr(LookupCoordinator, "lookup_result", checked_result)
+            self._patch_plans(mp)
             yield
+
+    def _patch_plans(self, mp: pytest.MonkeyPatch) -> None:
+        """A page's own ``layout.plan(n, hashes)``: its keys, and every ``resolve`` /
+        ``resolve_result`` of it, are compared with the reference port's on the same answers."""
+        from aio_mclookup._layout.layout import KVLayout
+        from aio_mclookup._plan.era_c import EraCPlan
+        from aio_mclookup._plan.plan import LookupPlan
+
+        oracle, plans = self, {}
+        plan = KVLayout.plan
+
+        def from_page() -> bool:
+            return sys._getframe(2).f_code.co_filename == oracle.filename
+
+        def recording_plan(layout: Any, n: Any, hashes: Any) -> Any:
+            made = plan(layout, n, hashes)
+            if from_page():
+                plans[id(made)] = (made, layout, n, hashes)
+            return made
+
+        def checked(cls: type, name: str) -> Any:
+            original = getattr(cls, name)
+
+            def method(made: Any, answers: Any) -> Any:
+                got = original(made, answers)
+                entry = plans.get(id(made))
+                if entry is not None and entry[0] is made and from_page():
+                    oracle._check_plan(*entry[1:], answers, got, name == "resolve")
+                return got
+
+            return method
+
+        mp.setattr(KVLayout, "plan", recording_plan)
+        for cls in (LookupPlan, EraCPlan):
+            for name in ("resolve", "resolve_result"):
+                if name in cls.__dict__:
+                    mp.setattr(cls, name, checked(cls, name))
+
+    def _check_plan(
+        self, layout: Any, n: int, hashes: Any, answers: Any, got: Any, bare: bool
+    ) -> None:
+        from aio_mclookup._reference.v026 import BaselineLookup
+        from aio_mclookup._reference.v033 import BaselineLookupV033
+
+        config = {k: v for k, v in layout.to_dict().items() if k != "hash_bytes"}
+        rows = [bytes(h) for h in hashes]
+        old = layout.vllm_version == "0.26.0"
+        ref: Any = BaselineLookup(config) if old else BaselineLookupV033(config)
+        keys, meta = ref.build_keys(n, rows)
+        ours = [k.decode() if isinstance(k, bytes) else k for k in layout.plan(n, hashes).keys]
+        assert ours == keys, f"{self.filename}: plan({n}, ...).keys differ from vLLM's"
+        if answers is None or not keys:
+            want_hit, want_bounds = 0, ()
+        else:
+            want = ref.resolve(n, rows, meta, list(answers))
+            want_hit = want if old else want.hit_length
+            want_bounds = () if old else tuple(want.tail_key_boundaries)
+        if bare:
+            assert got == want_hit, f"{self.filename}: plan.resolve gave {got}, vLLM {want_hit}"
+        else:
+            pair = (got.hit_length, tuple(got.tail_key_boundaries))
+            assert pair == (want_hit, want_bounds), f"{self.filename}: {got}, vLLM {want_hit}"
+        self.checked += 1
 
 
 def _print_calls(tree: ast.Module) -> dict[tuple[int, int], ast.expr]:
@@ -870,3 +936,26 @@ def test_loadgen_prose_states_the_ratios_of_its_samples() -> None:
     rates = [int(m.replace(",", "")) for m in re.findall(row, dsv4, re.M)]
     pairs = [f"{rates[i] / rates[i + 1]:.1f}x" for i in range(0, len(rates), 2)]
     assert f"dsv4 {pairs[0]}, {pairs[1]} and {pairs[2]} (c=1, 16," in page.replace("\n  ", " ")
+
+
+def test_harness_checks_a_pages_plans_against_the_reference_ports(tmp_path: Path) -> None:
+    """A page's plan keys and ``resolve`` answers are compared with vLLM's (the ports): a
+    wrong answer fails even when the comment repeats it."""
+    from aio_mclookup._plan.era_c import EraCPlan
+
+    page = _page(
+        tmp_path,
+        "```python\nimport aio_mclookup as mcl\n"
+        "layout = mcl.KVLayout([mcl.FullAttention(16)], model='m', hash_block_size=16,\n"
+        "                      scheduler_block_size=16)\n"
+        "plan = layout.plan(64, [b'h%d' % i for i in range(4)])\n"
+        "print(plan.resolve([1, 1, 1, 1]))  # 48\n"
+        "print(plan.resolve_result([1, 1, 0, 0]).hit_length)  # 32\n```\n",
+    )
+    run_python_page(page, _no_master)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EraCPlan, "resolve", lambda self, answers: 64)  # a wrong hit rule
+        wrong = _page(tmp_path, page.read_text().replace("# 48", "# 64"))
+        message = r"(?s)page.md:6: .*plan\.resolve gave 64, vLLM 48"
+        with pytest.raises(pytest.fail.Exception, match=message):
+            run_python_page(wrong, _no_master)
