@@ -13,6 +13,7 @@ from typing import Any
 from .._errors import InvalidRequest, LookupTimeout, StoreError
 from .codes import raise_if_failed_rpc
 from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error, raise_as_error
+from .watch import MasterWatch
 
 __all__ = ["MooncakeStore"]
 
@@ -50,7 +51,9 @@ class MooncakeStore(ClientPool):
     process freezes meanwhile; docs/mooncake.md has the figures), so open the store at start-up
     and close it at shut-down, not per request. A dead master fails :meth:`open` fast with
     ``StoreError(code=-900)`` thanks to a TCP probe, a hung one with ``code=-901`` thanks to a
-    liveness probe. While the master is down, each lookup returns
+    liveness probe. ``epochs`` watches the master (a held idle connection to its port): a
+    restart or a failover starts a new epoch, which a coordinator reads to drop whatever it
+    cached from the master before. While the master is down, each lookup returns
     after the client's reconnect back-off with ``StoreError(code=-900)``; the client reconnects
     by itself when the master is back (keys are lost: the master keeps them in memory only).
     """
@@ -84,6 +87,16 @@ class MooncakeStore(ClientPool):
             tenant_id=tenant_id.strip(),
         )
         self.max_concurrency = threads
+        self.epochs = MasterWatch.of_address(self._master_host, self._master_port)
+        """The master's epochs, as :class:`~aio_mclookup.LookupCoordinator` reads them
+        (``epochs.epoch``, ``epochs.reachable``): a held connection to the master's port that
+        tells a restart, however short, the moment it happens (docs/mooncake.md)."""
+
+    def _after_setup(self, client: Any) -> None:
+        self.epochs.start()
+
+    def _before_close(self) -> None:
+        self.epochs.stop()
 
     def __repr__(self) -> str:
         return (

@@ -287,6 +287,9 @@ class ClientPool:
     def _after_setup(self, client: Any) -> None:
         """Runs on the pool right after a successful ``setup()``."""
 
+    def _before_close(self) -> None:
+        """Runs on the pool before the client is closed (also after a failed open)."""
+
     # ---- internals -------------------------------------------------------------------------
 
     def _client_settings(self) -> dict[str, str]:
@@ -394,6 +397,7 @@ class ClientPool:
             idle = self._cond.wait_for(lambda: self._inflight == 0, timeout=_CLOSE_WAIT)
             client, self._client = self._client, None
         try:
+            self._before_close()
             # Closing with calls still running would crash the process: leak it instead.
             if client is not None and idle:
                 client.close()
