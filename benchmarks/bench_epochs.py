@@ -22,8 +22,14 @@ import statistics
 import time
 import timeit
 
-from aio_mclookup import FullAttention, KVLayout, LocalMaster, LookupCoordinator, MooncakeStore
-from aio_mclookup import StoreWriter
+from aio_mclookup import (
+    FullAttention,
+    KVLayout,
+    LocalMaster,
+    LookupCoordinator,
+    MooncakeStore,
+    StoreWriter,
+)
 
 CHAT = KVLayout([FullAttention(16)], model="Qwen/Qwen3-8B", hash_block_size=16,
                 scheduler_block_size=16)
