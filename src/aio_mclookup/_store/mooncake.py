@@ -12,8 +12,13 @@ from typing import Any
 
 from .._errors import InvalidRequest, LookupTimeout, StoreError
 from .codes import raise_if_failed_rpc
+from .etcd import leader
 from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error, raise_as_error
 from .watch import MasterWatch
+
+_LEADER_RECHECK = 0.5
+"""Seconds between two reads of the leader from etcd while the watch holds one (a leader
+replaced without dying: one small HTTP request per read)."""
 
 __all__ = ["MooncakeStore"]
 
@@ -70,6 +75,8 @@ class MooncakeStore(ClientPool):
         setup_timeout: float = 10.0,
         local_hostname: str = LOOPBACK,
         tenant_id: str = DEFAULT_TENANT,
+        connect_timeout: float = 1.0,
+        isolate: bool | None = None,
     ) -> None:
         if not isinstance(tenant_id, str) or not tenant_id.strip():
             raise InvalidRequest(
@@ -85,9 +92,15 @@ class MooncakeStore(ClientPool):
             global_segment_size=0,
             local_buffer_size=0,
             tenant_id=tenant_id.strip(),
+            connect_timeout=connect_timeout,
+            isolate=_is_etcd(master_address) if isolate is None else bool(isolate),
         )
         self.max_concurrency = threads
-        self.epochs = MasterWatch.of_address(self._master_host, self._master_port)
+        endpoints = self.etcd_endpoints
+        if endpoints is None:
+            self.epochs = MasterWatch.of_address(self._master_host, self._master_port)
+        else:
+            self.epochs = MasterWatch(lambda: leader(endpoints), recheck=_LEADER_RECHECK)
         """The master's epochs, as :class:`~aio_mclookup.LookupCoordinator` reads them
         (``epochs.epoch``, ``epochs.reachable``): a held connection to the master's port that
         tells a restart, however short, the moment it happens (docs/mooncake.md)."""
@@ -163,3 +176,7 @@ class MooncakeStore(ClientPool):
                 loop.call_soon_threadsafe(then, outcome)
 
         self._submit(functools.partial(_exist, client, batch)).add_done_callback(deliver)
+
+
+def _is_etcd(address: object) -> bool:
+    return isinstance(address, str) and address.startswith("etcd://")

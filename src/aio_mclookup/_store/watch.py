@@ -62,6 +62,7 @@ class MasterWatch:
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._identity: object = None
+        self._where: tuple[str, int, object] | None = None
         self._was_connected = False
 
     @classmethod
@@ -120,9 +121,10 @@ class MasterWatch:
         """Locate the master and connect to it; None when that fails."""
         try:
             where = self._locate()
-        except Exception as exc:
+        except Exception as exc:  # (etcd unreachable: the master may still serve)
             _log.debug("aio_mclookup: locating the master failed: %r", exc)
-            where = None
+            where = self._where
+        self._where = where
         if where is None:
             return None
         host, port, identity = where
