@@ -9,10 +9,14 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 import aio_mclookup as mcl
@@ -95,6 +99,8 @@ async def test_the_leader_killed_under_64_callers(oplog: bool) -> None:
 async def _failover(masters: list[LocalMaster], address: str, metadata: str, oplog: bool
                     ) -> None:
     stalls: list[float] = []
+    stall_at: list[float] = []
+    errors: list[str] = []
     record: list[tuple[float, float, int | str]] = []
     stop = asyncio.Event()
 
@@ -103,6 +109,7 @@ async def _failover(masters: list[LocalMaster], address: str, metadata: str, opl
             before = time.monotonic()
             await asyncio.sleep(0.01)
             stalls.append(time.monotonic() - before - 0.01)
+            stall_at.append(before)
 
     async def caller(coord: LookupCoordinator, hashes: list[bytes]) -> None:
         while not stop.is_set():
@@ -111,8 +118,10 @@ async def _failover(masters: list[LocalMaster], address: str, metadata: str, opl
                 got: int | str = await coord.lookup(TOKENS, hashes)
             except mcl.Error as exc:  # typed errors only: anything else fails the test
                 got = type(exc).__name__
+                if len(errors) < 5:
+                    errors.append(f"{time.monotonic() - opened:.3f}: {exc!r}")
             record.append((start, time.monotonic(), got))
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05 if isinstance(got, str) else 0.01)  # (a retry's pause)
 
     opened = time.monotonic()
     store = MooncakeStore(address, metadata)
@@ -123,8 +132,9 @@ async def _failover(masters: list[LocalMaster], address: str, metadata: str, opl
     callers = [asyncio.ensure_future(caller(coord, h)) for h in PROMPTS]
     await asyncio.sleep(1.0)
     leader = await _serving(*masters)
+    killing = time.monotonic()
+    await leader.kill()  # (returns once the process is gone)
     killed = time.monotonic()
-    await leader.kill()
     standby = next(m for m in masters if m is not leader)
     await _serving(standby)  # (the standby leads and serves: etcd's lease, then 5 s warm-up)
     served = time.monotonic()
@@ -140,19 +150,135 @@ async def _failover(masters: list[LocalMaster], address: str, metadata: str, opl
     closed = time.monotonic() - closing
     await asyncio.wait_for(ticking, 5)
 
-    before = [got for start, end, got in record if end < killed]
-    assert before and all(got == TOKENS for got in before)
+    before = [(round(start - opened, 3), got) for start, end, got in record if end < killing]
+    assert before and all(got == TOKENS for _, got in before), (
+        [b for b in before if b[1] != TOKENS][:5], errors)
     after = [(start, got) for start, _, got in record if start > killed]
     assert truth == [TOKENS if oplog else 0] * CALLERS, (oplog, truth)
-    too_high = [(round(s - killed, 2), got) for s, got in after
+    # The watch's thread learns of the death at once, but needs the GIL to say so: a lookup
+    # starting within the interpreter's switch interval (5 ms) of it may still be answered
+    # from the cache (seen: up to ~1 ms after the process was reaped).
+    grace = 2 * sys.getswitchinterval()
+    too_high = [(round(s - killed, 4), got) for s, got in after
                 if isinstance(got, int) and got > (TOKENS if oplog else 0)]
-    assert not too_high, f"hits above the serving leader's: {too_high[:5]}"
+    late = [(at, got) for at, got in too_high if at > grace]
+    assert not late, f"hits above the serving leader's: {late[:5]}"
     wrong = [s for s, got in after if got != (TOKENS if oplog else 0)]
     exact_at = max(wrong, default=killed) - killed
     assert exact_at < 15.0, f"not exact until {exact_at:.1f} s after the kill"
-    assert max(stalls) < 1.0, f"the event loop stalled {max(stalls):.2f} s"
+    worst = max(range(len(stalls)), key=stalls.__getitem__)
+    assert stalls[worst] < 1.0, (
+        f"the event loop stalled {stalls[worst]:.2f} s, {stall_at[worst] - killed:.1f} s "
+        "after the kill")
     assert closed < 5.0, f"close took {closed:.2f} s"
     print(f"\noplog={oplog}: standby serving {served - killed:.1f} s after the kill, exact "
           f"{exact_at:.1f} s after it; {len(after)} lookups after the kill "
           f"({sum(isinstance(g, str) for _, g in after)} errors); longest loop stall "
-          f"{max(stalls) * 1000:.0f} ms; close {closed * 1000:.0f} ms")
+          f"{stalls[worst] * 1000:.0f} ms ({stall_at[worst] - killed:+.1f} s); close {closed * 1000:.0f} ms; "
+          f"{len(too_high)} cached hits within {grace * 1000:.0f} ms of the death"
+          + (f" (the last {max(at for at, _ in too_high) * 1000:.1f} ms after)" if too_high else ""))
+
+
+# ------------------------------------------------------- every entry point on etcd://
+@dataclass
+class Pair:
+    """A serving HA pair (no oplog) and the keys of ``PROMPTS[:8]`` written to it."""
+
+    address: str
+    metadata: str
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    etcd = LocalEtcd()
+    etcd.start_blocking()
+    masters = [LocalMaster(etcd=etcd.endpoint) for _ in range(2)]
+    writer: subprocess.Popen[bytes] | None = None
+    try:
+        for master in masters:
+            master.start_blocking()
+        asyncio.run(_serving(*masters))
+        address, metadata = masters[0].ha_address, masters[0].metadata_server
+        writer = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("ha_writer.py")), address, metadata],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert writer.stdin is not None and writer.stdout is not None
+        assert writer.stdout.readline().strip() == b"ready"
+        keys = [k.decode() for h in PROMPTS[:8] for k in CHAT.plan(TOKENS, h).keys]
+        writer.stdin.write(json.dumps(keys).encode() + b"\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline().startswith(b"ok ")
+        yield Pair(address, metadata)
+    finally:
+        if writer is not None:
+            assert writer.stdin is not None and writer.stdout is not None
+            writer.stdin.close()
+            writer.wait(10)
+            writer.stdout.close()
+        for master in masters:
+            master.stop_blocking()
+        etcd.stop_blocking()
+
+
+async def test_the_fastapi_app_takes_an_etcd_address(pair: Pair) -> None:
+    from aio_mclookup.fastapi import create_app
+
+    app = create_app(CHAT, master_address=pair.address, metadata_server=pair.metadata)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            body = {"token_len": TOKENS, "block_hashes": [h.hex() for h in PROMPTS[0]]}
+            reply = await client.post("/v1/lookup", json=body)
+            assert reply.status_code == 200 and reply.json() == {"hit_tokens": TOKENS}
+            miss = {"token_len": TOKENS, "block_hashes": [h.hex() for h in PROMPTS[-1]]}
+            assert (await client.post("/v1/lookup", json=miss)).json() == {"hit_tokens": 0}
+
+
+def test_the_load_generator_takes_an_etcd_address(pair: Pair) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "aio_mclookup", "loadgen", "--master", pair.address,
+         "--metadata", pair.metadata, "--no-compare", "--requests", "64", "--concurrency", "4"],
+        capture_output=True, timeout=90,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert b"using the Mooncake master at etcd://" in done.stderr
+
+
+def test_the_vllm_plugin_s_config_may_name_an_etcd_address(pair: Pair, tmp_path: Path) -> None:
+    from aio_mclookup._scheduler.channels import SidecarChannel, opening
+    from aio_mclookup._scheduler.client import PLUGIN_DEFAULTS, CoalescingLookupClient
+    from aio_mclookup._scheduler.config import store_settings
+
+    config = tmp_path / "mooncake.json"
+    config.write_text(json.dumps({
+        "master_server_address": pair.address, "metadata_server": pair.metadata,
+    }))
+    settings = store_settings({"MOONCAKE_CONFIG_PATH": str(config)})
+    assert settings.master_address == pair.address
+    options = mcl.CoordinatorOptions(**PLUGIN_DEFAULTS)
+    client = CoalescingLookupClient(
+        CHAT,
+        lambda: SidecarChannel(opening(
+            CHAT, options, master_address=settings.master_address,
+            metadata_server=settings.metadata_server, local_hostname="127.0.0.1",
+            tenant_id=settings.tenant_id,
+        ), 30.0),
+        make_result=lambda hit, bounds: hit,
+        reset_store=lambda: True,
+        options=options,
+    )
+    try:
+        for req, hashes in (("hit", PROMPTS[1]), ("miss", PROMPTS[-1])):
+            assert client.lookup(req, TOKENS, hashes, non_block=True) is None
+        client.flush()
+        deadline = time.monotonic() + 20
+        while client.pending("hit") or client.pending("miss"):
+            assert time.monotonic() < deadline, "no answer from the sidecar"
+            client.wait_for_answers(0.1)
+        assert client.lookup("hit", TOKENS, PROMPTS[1], non_block=True) == TOKENS
+        assert client.lookup("miss", TOKENS, PROMPTS[-1], non_block=True) == 0
+    finally:
+        client.close()

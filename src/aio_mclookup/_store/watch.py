@@ -59,7 +59,8 @@ class MasterWatch:
         self._recheck = recheck
         self._stop = threading.Event()
         self._first = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r: socket.socket | None = None  # (made at start: a watch never started
+        self._wake_w: socket.socket | None = None  # holds no descriptor)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._identity: object = None
         self._where: tuple[str, int, object] | None = None
@@ -72,18 +73,21 @@ class MasterWatch:
 
     def start(self, wait: float = 1.0) -> None:
         """Start the thread; wait up to ``wait`` seconds for its first connect attempt."""
+        self._wake_r, self._wake_w = socket.socketpair()
         self._thread.start()
         self._first.wait(wait)
 
     def stop(self, timeout: float = 2.0) -> None:
         """End the thread (at most ``timeout`` seconds; it is a daemon thread either way)."""
         self._stop.set()
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
+        if self._wake_w is not None:
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"x")
         if self._thread.is_alive():
             self._thread.join(timeout)
         for sock in (self._wake_r, self._wake_w):
-            sock.close()
+            if sock is not None:
+                sock.close()
 
     # ---- the thread ------------------------------------------------------------------------
 
@@ -141,9 +145,11 @@ class MasterWatch:
         """Wait until the connection ends, the watch stops, or ``locate`` names another
         master."""
         sock.setblocking(False)
+        wake = self._wake_r
+        assert wake is not None
         while not self._stop.is_set():
-            readable, _, _ = select.select([sock, self._wake_r], [], [], self._recheck)
-            if self._wake_r in readable:
+            readable, _, _ = select.select([sock, wake], [], [], self._recheck)
+            if wake in readable:
                 return
             if sock in readable:
                 try:
@@ -166,5 +172,7 @@ class MasterWatch:
         return where is None or where[2] != self._identity
 
     def _sleep(self, seconds: float) -> None:
+        wake = self._wake_r
+        assert wake is not None
         with contextlib.suppress(OSError, ValueError):
-            select.select([self._wake_r], [], [], seconds)
+            select.select([wake], [], [], seconds)  # (the stop's wake-up ends it)
