@@ -171,12 +171,13 @@ async def _failover(masters: list[LocalMaster], address: str, metadata: str, opl
         f"the event loop stalled {stalls[worst]:.2f} s, {stall_at[worst] - killed:.1f} s "
         "after the kill")
     assert closed < 5.0, f"close took {closed:.2f} s"
+    last = f" (the last {max(at for at, _ in too_high) * 1000:.1f} ms after)" if too_high else ""
     print(f"\noplog={oplog}: standby serving {served - killed:.1f} s after the kill, exact "
           f"{exact_at:.1f} s after it; {len(after)} lookups after the kill "
           f"({sum(isinstance(g, str) for _, g in after)} errors); longest loop stall "
-          f"{stalls[worst] * 1000:.0f} ms ({stall_at[worst] - killed:+.1f} s); close {closed * 1000:.0f} ms; "
-          f"{len(too_high)} cached hits within {grace * 1000:.0f} ms of the death"
-          + (f" (the last {max(at for at, _ in too_high) * 1000:.1f} ms after)" if too_high else ""))
+          f"{stalls[worst] * 1000:.0f} ms ({stall_at[worst] - killed:+.1f} s); "
+          f"close {closed * 1000:.0f} ms; {len(too_high)} cached hits within "
+          f"{grace * 1000:.0f} ms of the death{last}")
 
 
 # ------------------------------------------------------- every entry point on etcd://
