@@ -47,7 +47,15 @@ class MooncakeStore(ClientPool):
     * ``MC_TCP_BIND_ADDRESS=<local_hostname>`` when ``local_hostname`` is an IP address (the
       default ``127.0.0.1`` makes the client advertise and use loopback);
     * ``MC_STORE_CLIENT_SETUP_RETRIES=2`` (the default, 20, means ~90 s against a dead master);
-    * ``MC_RPC_TIMEOUT_MS=<rpc_timeout * 1000>`` (default 30 s; size it above the slowest batch).
+    * ``MC_RPC_TIMEOUT_MS=<rpc_timeout * 1000>`` (default 30 s; size it above the slowest batch);
+    * ``MC_RPC_CONNECT_TIMEOUT_MS=<connect_timeout * 1000>`` (bounds one connect to the master:
+      a master host gone without a reset otherwise costs the kernel's SYN retries, minutes).
+
+    ``master_address`` is ``host:port``, or ``etcd://HOST:PORT[;HOST:PORT...]`` for HA masters
+    (the client finds the leader in etcd and follows it). ``isolate`` runs the Mooncake client
+    in a child process of its own (None: for ``etcd://`` only, whose ``setup()`` and
+    ``close()`` hold the GIL up to ~10 s and ~30 s; closing is then the child's exit), at one
+    more local hop per RPC.
 
     The client's own listeners (transfer-engine handshake and TCP data ports, 15000-17000) still
     bind all interfaces; no option changes that. For hard isolation run in a network namespace.
