@@ -19,6 +19,8 @@ from .watch import MasterWatch
 _LEADER_RECHECK = 0.5
 """Seconds between two reads of the leader from etcd while the watch holds one (a leader
 replaced without dying: one small HTTP request per read)."""
+_LEADER_RETRY = 0.05
+"""Seconds between two attempts (a read from etcd and a connect) while no leader serves."""
 
 __all__ = ["MooncakeStore"]
 
@@ -108,7 +110,9 @@ class MooncakeStore(ClientPool):
         if endpoints is None:
             self.epochs = MasterWatch.of_address(self._master_host, self._master_port)
         else:
-            self.epochs = MasterWatch(lambda: leader(endpoints), recheck=_LEADER_RECHECK)
+            self.epochs = MasterWatch(
+                lambda: leader(endpoints), retry=_LEADER_RETRY, recheck=_LEADER_RECHECK
+            )
         """The master's epochs, as :class:`~aio_mclookup.LookupCoordinator` reads them
         (``epochs.epoch``, ``epochs.reachable``): a held connection to the master's port that
         tells a restart, however short, the moment it happens (docs/mooncake.md)."""
