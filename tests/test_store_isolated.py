@@ -4,6 +4,7 @@ a close that is the child's exit, and a child that dies answering RPC_FAIL, not 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -39,7 +40,7 @@ async def test_the_isolated_client_answers_as_the_in_process_one(
         except ProcessLookupError:
             break
         assert time.monotonic() < deadline, "the client's process outlived the close"
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
 
 
 async def test_a_dead_child_answers_rpc_fail_at_once(local_master: LocalMaster) -> None:
@@ -50,7 +51,7 @@ async def test_a_dead_child_answers_rpc_fail_at_once(local_master: LocalMaster) 
         deadline = time.monotonic() + 5
         while store.health_check() == 0:
             assert time.monotonic() < deadline
-            time.sleep(0.01)
+            await asyncio.sleep(0.01)
         started = time.monotonic()
         with pytest.raises(mcl.StoreError) as err:
             await store.batch_is_exist([b"k"])
