@@ -18,11 +18,14 @@ ensure_system_packages() {
     done
     local py_ok=1
     python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || py_ok=0
+    # etcd (Debian's etcd-server, 3.4): the HA tier's masters are elected through it
+    # (tests/test_ha.py starts its own on loopback; nothing uses a system etcd).
+    command -v etcd >/dev/null 2>&1 || missing+=(etcd)
     if [ "${#missing[@]}" -gt 0 ] || [ "$py_ok" = 0 ]; then
-        echo "run.sh: installing Debian packages (libibverbs1 libnuma1 libcurl4 python3-venv)" >&2
+        echo "run.sh: installing Debian packages (libibverbs1 libnuma1 libcurl4 python3-venv etcd-server)" >&2
         as_root apt-get update -qq
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            libibverbs1 libnuma1 libcurl4 python3 python3-venv python3-dev >/dev/null
+            libibverbs1 libnuma1 libcurl4 python3 python3-venv python3-dev etcd-server >/dev/null
     fi
 }
 
