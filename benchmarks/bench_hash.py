@@ -14,9 +14,9 @@ mixes BININT1, BININT2 and BININT records and CBOR mixes 1-, 2-, 3- and 5-byte i
 
 Method, two regimes, both with the contenders taking turns (baseline, ours on the list, ours on
 the array, SHA-256 alone): *back to back*, a router hashing prompt after prompt (samples of
-``batch`` calls in a row, the collector left to run as it would; the targets apply to both regimes), and
-*after a collection*, ``gc.collect()`` before each single call, which leaves the caches cold
-(fixed costs count most there). Warm-up calls first; the median per process; 3 processes; each
+``batch`` calls in a row, the collector left to run as it would), and *after a collection*,
+``gc.collect()`` before each single call, which leaves the caches cold (fixed costs count most
+there); the targets apply to both. Warm-up calls first; the median per process; 3 processes; each
 figure is the median of the per-process medians (min-max).
 
 Usage: ``python benchmarks/bench_hash.py [--quick] [--processes N] [--no-write]``. It rewrites
