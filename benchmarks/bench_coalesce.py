@@ -29,9 +29,10 @@ sessions-hybrid, which is a 0.33 scenario only.
 Three modes on the same requests and store: seed-naive; per-request, one request at a time
 with this project's planning (``layout.plan``, one ``batch_is_exist`` of all its keys,
 ``plan.resolve_result``: what a user who skips the coordinator gets); and the coordinator.
-Under 0.33 the rows also give the exact minimum of keys per lookup: the keys whose answers vLLM's
+Under 0.33 the rows also give a lower bound of keys per lookup: the keys whose answers vLLM's
 search relies on for its result (every present key it reads, and one absent key where each
-full-attention prefix stops), which any exact client must learn.
+full-attention prefix stops), which any exact client must learn (the absent keys that stop a
+window's or Mamba's scan are not counted, so an exact client may need a few more).
 
 For each scenario one more coordinator run records its RPCs, and those RPCs alone are then
 replayed back to back (timed, with the master's CPU): the rate no client sending exactly these
@@ -122,10 +123,11 @@ def layout_of(sc: Scenario) -> KVLayout:
 
 
 def minimum_keys(plan: EraCPlan, stored: set[bytes]) -> int:
-    """The keys an exact client must learn for this vLLM 0.32 / 0.33 lookup on this store:
-    every present key vLLM's search relies on for its result (found as the keys the partial
-    search asks for when exactly the absent keys are known), plus one absent key where each
-    full-attention group's prefix stops short of its chunks."""
+    """A lower bound of the keys an exact client must learn for this vLLM 0.32 / 0.33 lookup
+    on this store: every present key vLLM's search relies on for its result (found as the keys
+    the partial search asks for when exactly the absent keys are known), plus one absent key
+    where each full-attention group's prefix stops short of its chunks (the absent keys other
+    scans stop at are not counted)."""
     if not plan.num_keys:
         return 0
     geometry = plan.geometry
@@ -435,7 +437,7 @@ async def run_scenario(
 
 def table(results: dict[str, dict[str, dict[str, Any]]], scenarios: list[Scenario]) -> str:
     head = ("| scenario | requests | concurrency | mode | lookups/s (min-max) | p50 ms | p99 ms "
-            "| RPCs/lookup | keys/lookup: sent / asked (exact minimum) | rounds/lookup "
+            "| RPCs/lookup | keys/lookup: sent / asked (lower bound) | rounds/lookup "
             "| CPU us/lookup, ours | CPU us/lookup, master | vs seed-naive | vs per-request |"
             "\n|" + "---|" * 14)
     rows = [head]
@@ -522,7 +524,7 @@ async def main_async(args: argparse.Namespace) -> str:
         "scenario says 0.33; `aio_mclookup._reference`) + one "
         "`batch_is_exist` per request via the loop's default executor. Per-request: the same "
         "with this project's planning (`layout.plan`, `plan.resolve_result`). Coordinator: "
-        "default options, fresh per repetition. The exact minimum (0.33 rows): the keys "
+        "default options, fresh per repetition. The lower bound (0.33 rows): the keys "
         "vLLM's search relies on (every present key it reads, one absent key where a "
         "full-attention prefix stops), which any exact client must learn; asked: the keys "
         "the coordinator's rounds asked for, whether the store, its positive cache or another "

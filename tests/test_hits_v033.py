@@ -169,6 +169,12 @@ def _probed_result(
     return state.result
 
 
+def _consistent(keys: list[str], answers: list[int]) -> bool:
+    """Each key answered one way (a store's answers; a case may answer a repeated key both)."""
+    answer_of: dict[str, int] = {}
+    return all(answer_of.setdefault(k, a) == a for k, a in zip(keys, answers))
+
+
 def check_request(
     cfg: dict[str, Any], num_tokens: int, hashes: list[bytes], mode: str, seed: int
 ) -> None:
@@ -188,6 +194,10 @@ def check_request(
     except mcl.InvalidRequest:
         with pytest.raises(mcl.InvalidRequest):
             plan.resolve_result(answers)
+        if answers is not None and plan.num_keys and _consistent(want_keys, answers):
+            for window in (None, 1, 8):  # rounds raise where one round does
+                with pytest.raises(mcl.InvalidRequest):
+                    _probed_result(plan, answers, window)
         return
     got = plan.resolve_result(answers)
     assert got.hit_length == want.hit_length
@@ -198,11 +208,10 @@ def check_request(
         assert plan.resolve(np.array(answers, dtype=np.int64)) == want.hit_length
         if plan.num_keys:
             assert _probed_result(plan, answers, None) == got
-            answer_of: dict[str, int] = {}
-            consistent = all(answer_of.setdefault(k, a) == a for k, a in zip(want_keys, answers))
-            if consistent:  # (a store answers one key one way: rounds may rely on that)
-                assert _probed_result(plan, answers, 3) == got
-                assert _probed_result(plan, answers, 8) == got  # (windows with scouts)
+            if _consistent(want_keys, answers):  # (a store answers a key one way: rounds
+                # may rely on that)
+                for window in (1, 3, 8, 16):  # (8 and up: windows with scouts)
+                    assert _probed_result(plan, answers, window) == got
 
 
 @settings(

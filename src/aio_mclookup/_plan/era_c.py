@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._arrays import BoolArray, IntArray, KeyIndices
+from .._arrays import BoolArray, IntArray
 from .._checks import integer
 from .._layout.geometry import Geometry
 from .._layout.groups import SlidingWindow, window_blocks
@@ -19,7 +19,6 @@ from .._resolve.answers import present_keys
 from .._resolve.era_c import era_c_result, lone_full_attention_hit
 from .._resolve.result import LookupResult, TailKeyBoundary
 from .hashes import RequestHashes
-from .keys import ITEM_END, assemble, assemble_items
 from .plan import LookupPlan, build_plan
 from .probe import GroupProbe, duplicate_ids
 
@@ -96,70 +95,6 @@ class EraCPlan(LookupPlan):
                 for p in self._groups
             )
         return self._short
-
-    def _key_span(self, probe: GroupProbe) -> range:
-        k = len(self.geometry.prefix_bytes[probe.group_id])
-        return range(probe.key_offset, probe.key_offset + probe.chunks.size * k)
-
-    def _keys_at(self, indices: KeyIndices) -> list[bytes]:
-        """The keys at ascending key indices, assembling only those (each group with its
-        own namespace count)."""
-        if len(self._groups) == 1 or self._keys is not None or self._key_array is not None:
-            return super()._keys_at(indices)
-        at = np.arange(indices.start, indices.stop) if isinstance(indices, range) else indices
-        prefixes = self.geometry.prefix_bytes
-        out: list[bytes] = []
-        for probe in self._groups:
-            end = probe.key_offset + probe.chunks.size * len(prefixes[probe.group_id])
-            lo = int(np.searchsorted(at, probe.key_offset))
-            hi = int(np.searchsorted(at, end))
-            if hi > lo:
-                out.extend(assemble(self.geometry, probe, at[lo:hi] - probe.key_offset))
-        return out
-
-    @property
-    def _chunk_keys(self) -> int:
-        """Keys per item (see :meth:`LookupPlan._chunk_keys`): here also for several groups,
-        when every group has the same namespace count (above 1) and keys of one width."""
-        if len(self._groups) < 2:
-            return super()._chunk_keys
-        geometry = self.geometry
-        counts = {len(geometry.prefix_bytes[p.group_id]) for p in self._groups}
-        k = counts.pop()
-        if counts or k < 2:
-            return 1
-        for probe in self._groups:
-            gid = probe.group_id
-            if (
-                probe.hash_rows is None
-                or geometry.prefix_rows[gid] is None
-                or any(ITEM_END in prefix for prefix in geometry.prefix_bytes[gid])
-            ):
-                return 1
-        return k
-
-    def _items_at(self, indices: KeyIndices) -> list[bytes]:
-        """The items of the chunks that ascending key indices cover whole, group by
-        group."""
-        if len(self._groups) < 2:
-            return super()._items_at(indices)
-        k = len(self.geometry.prefix_bytes[self._groups[0].group_id])
-        out: list[bytes] = []
-        for probe in self._groups:
-            offset = probe.key_offset
-            end = offset + probe.chunks.size * k
-            if isinstance(indices, range):
-                lo, hi = max(indices.start, offset), min(indices.stop, end)
-                if hi > lo:
-                    chunks: range | IntArray = range((lo - offset) // k, (hi - offset) // k)
-                    out.extend(assemble_items(self.geometry, probe, chunks))
-                continue
-            lo = int(np.searchsorted(indices, offset))
-            hi = int(np.searchsorted(indices, end))
-            if hi > lo:
-                chunks = (indices[lo:hi:k] - offset) // k
-                out.extend(assemble_items(self.geometry, probe, chunks))
-        return out
 
     def __repr__(self) -> str:
         return (

@@ -107,7 +107,7 @@ class LookupPlan:
 
     def _key_span(self, probe: GroupProbe) -> range:
         """Every key index of one group."""
-        k = len(self.geometry.namespaces)
+        k = len(self.geometry.prefix_bytes[probe.group_id])
         return range(probe.key_offset, probe.key_offset + probe.chunks.size * k)
 
     @property
@@ -142,19 +142,17 @@ class LookupPlan:
                     return [one_key(self.geometry, groups[0], indices.start)]
                 return assemble_range(self.geometry, groups[0], indices.start, indices.stop)
             return assemble(self.geometry, groups[0], indices)
-        k = len(self.geometry.namespaces)
         out: list[bytes] = []
-        if isinstance(indices, range):
-            for probe in self._groups:
-                end = probe.key_offset + probe.chunks.size * k
-                lo, hi = max(indices.start, probe.key_offset), min(indices.stop, end)
+        for probe in self._groups:  # (each group with its own namespace count)
+            span = self._key_span(probe)
+            if isinstance(indices, range):
+                lo, hi = max(indices.start, span.start), min(indices.stop, span.stop)
                 if hi > lo:
                     base = probe.key_offset
                     out.extend(assemble_range(self.geometry, probe, lo - base, hi - base))
-            return out
-        for probe in self._groups:
-            lo = int(np.searchsorted(indices, probe.key_offset))
-            hi = int(np.searchsorted(indices, probe.key_offset + probe.chunks.size * k))
+                continue
+            lo = int(indices.searchsorted(span.start))
+            hi = int(indices.searchsorted(span.stop))
             if hi > lo:
                 out.extend(assemble(self.geometry, probe, indices[lo:hi] - probe.key_offset))
         return out
@@ -162,34 +160,45 @@ class LookupPlan:
     @property
     def _chunk_keys(self) -> int:
         """Keys per chunk when the coordinator may track this plan's chunks as *items* (one
-        ``bytes`` per chunk: :meth:`_items_at`), else 1: one group, several rank namespaces,
-        keys of one width."""
-        if len(self._groups) != 1:
+        ``bytes`` per chunk: :meth:`_items_at`), else 1: every group with one namespace count
+        above 1, keys of one width."""
+        geometry = self.geometry
+        counts = {len(geometry.prefix_bytes[p.group_id]) for p in self._groups}
+        if len(counts) != 1:
             return 1
-        probe = self._groups[0]
-        prefixes = self.geometry.prefix_bytes[probe.group_id]
-        if (
-            len(prefixes) < 2
-            or probe.hash_rows is None
-            or self.geometry.prefix_rows[probe.group_id] is None
-            or any(ITEM_END in prefix for prefix in prefixes)
-        ):
+        k = counts.pop()
+        if k < 2:
             return 1
-        return len(prefixes)
+        for probe in self._groups:
+            gid = probe.group_id
+            if (
+                probe.hash_rows is None
+                or geometry.prefix_rows[gid] is None
+                or any(ITEM_END in prefix for prefix in geometry.prefix_bytes[gid])
+            ):
+                return 1
+        return k
 
     def _items_at(self, indices: KeyIndices) -> list[bytes]:
         """The items (see :func:`assemble_items`) of the chunks that ascending key indices
-        cover whole, in a plan whose :attr:`_chunk_keys` is above 1."""
-        probe = self._groups[0]
-        k = len(self.geometry.prefix_bytes[probe.group_id])
-        offset = probe.key_offset
-        if isinstance(indices, range):
-            chunks: range | IntArray = range(
-                (indices.start - offset) // k, (indices.stop - offset) // k
-            )
-        else:
-            chunks = (indices[::k] - offset) // k
-        return assemble_items(self.geometry, probe, chunks)
+        cover whole, group by group, in a plan whose :attr:`_chunk_keys` is above 1."""
+        k = len(self.geometry.prefix_bytes[self._groups[0].group_id])
+        out: list[bytes] = []
+        for probe in self._groups:
+            offset = probe.key_offset
+            end = offset + probe.chunks.size * k
+            if isinstance(indices, range):
+                lo, hi = max(indices.start, offset), min(indices.stop, end)
+                if hi > lo:
+                    chunks: range | IntArray = range((lo - offset) // k, (hi - offset) // k)
+                    out.extend(assemble_items(self.geometry, probe, chunks))
+                continue
+            lo = int(indices.searchsorted(offset))
+            hi = int(indices.searchsorted(end))
+            if hi > lo:
+                chunks = (indices[lo:hi:k] - offset) // k
+                out.extend(assemble_items(self.geometry, probe, chunks))
+        return out
 
     def resolve_result(self, exists: Sequence[int] | npt.NDArray[Any] | None) -> LookupResult:
         """vLLM's lookup result from the store's per-key answers (``None``: ``batch_is_exist``

@@ -1,6 +1,6 @@
 """Probing a vLLM 0.32 / 0.33 plan in rounds (:class:`EraCProbeState`, pure: no I/O, no
-clock): every plan but a lone block-aligned full-attention group, which probes its prefix
-(:class:`~.probing.ProbeState`'s prefix mode)."""
+clock): every plan but a lone block-aligned full-attention group probed in rounds, which
+probes its prefix (:class:`~.probing.ProbeState`'s prefix mode)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,7 @@ from .._arrays import EMPTY, BoolArray, IntArray, KeyIndices
 from .._resolve.era_c import era_c_partial
 from .._resolve.result import LookupResult
 from .era_c import EraCPlan
-from .probing import (
-    SCOUT_WINDOW,
-    SCOUTS,
-    ProbeState,
-    _known_run,
-    group_answers,
-    position_keys,
-)
+from .probing import SCOUT_WINDOW, SCOUTS, ProbeState, group_answers, position_keys
 
 __all__ = ["EraCProbeState"]
 
@@ -41,26 +34,22 @@ class EraCProbeState(ProbeState):
     round.
 
     Per store group it keeps, by probe position (a probed chunk, or hash unit in fine-grained
-    mode), whether the position is answered and present.
+    mode), whether the position is answered and present (the parent's arrays), and the same
+    by hash unit for the search.
     """
 
-    __slots__ = (
-        "_flat_keys", "_group_answered", "_group_present", "_known_units", "_maybe_units",
-    )
+    __slots__ = ("_flat_keys", "_known_units", "_maybe_units")
 
     plan: EraCPlan
 
     def __init__(self, plan: EraCPlan, rounds: bool = True) -> None:
-        super().__init__(plan, rounds)
-        self._prefix = None
+        super().__init__(plan, rounds)  # (per group and position: _answered, _present)
         self._flat_keys: tuple[BoolArray, BoolArray] | None = None
         """One-round mode: (answered, present) per key."""
         if self._all_at_once:
             self._flat_keys = (
                 np.zeros(plan.num_keys, dtype=bool), np.zeros(plan.num_keys, dtype=bool)
             )
-        self._group_answered = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
-        self._group_present = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
         # Per store group, by hash index: known yet, and present or unknown. A unit the group
         # does not probe is known absent (vLLM's presence set holds only probed keys; plans
         # whose hashes repeat are not probed in rounds).
@@ -78,11 +67,6 @@ class EraCProbeState(ProbeState):
     def _settle(self, result: LookupResult) -> None:
         self._result = result
         self.hit = result.hit_length
-
-    def leading_known(self, group: int) -> tuple[int, bool]:
-        if self._flat_keys is not None:
-            return 0, False
-        return _known_run(self._group_answered[group], self._group_present[group])
 
     def next_keys(self, window: int | None = None) -> KeyIndices:
         """Key indices to probe next (ascending); empty once :attr:`hit` is set. ``window``
@@ -139,13 +123,8 @@ class EraCProbeState(ProbeState):
         prefixes = plan.geometry.prefix_bytes
         counts = [len(prefixes[probe.group_id]) for probe in plan.groups]
         for group, pos, got in group_answers(plan.groups, counts, key_indices, present):
-            self._group_answered[group][pos] = True
-            self._group_present[group][pos] = got
+            self._answered[group][pos] = True
+            self._present[group][pos] = got
             at = plan._units[group][pos]
             self._known_units[group][at] = True
             self._maybe_units[group][at] = got
-
-    def record_present(self, key_indices: range) -> None:
-        """Record that a run of keys covering whole probe positions is present (known from a
-        cache)."""
-        self.record(key_indices, np.ones(len(key_indices), dtype=bool))

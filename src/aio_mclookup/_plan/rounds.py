@@ -1,6 +1,7 @@
 """Which probe state drives a plan's rounds: vLLM 0.32 / 0.33 plans other than a lone
-block-aligned full-attention prefix get :class:`~.probing_era_c.EraCProbeState`; the rest
-:class:`~.probing.ProbeState`."""
+block-aligned full-attention prefix probed in rounds get
+:class:`~.probing_era_c.EraCProbeState` (in rounds, or in one when rounds are off or cannot
+follow vLLM); the rest :class:`~.probing.ProbeState`."""
 
 from __future__ import annotations
 

@@ -22,6 +22,8 @@ from .._layout.geometry import Geometry
 from .._layout.groups import ChunkedLocalAttention, FullAttention, Mamba, SlidingWindow
 from .._layout.rules import EraCRules, EraCSpecGroup
 from .hits import (
+    _NONE,
+    _unknown,
     chunked_local_hit,
     full_attention_prefix_hit,
     mamba_hit,
@@ -49,8 +51,9 @@ class _Search:
     inputs are the previous calls' outputs: so when no call notes anything, the whole search,
     re-derivation and all, is the one vLLM runs on the full answers.
 
-    ``lazy``: while a full-attention spec-group (evaluated first) rests on unknowns, the
-    others note nothing: their inputs are still guesses, so their keys could be wasted.
+    ``lazy``: once a full-attention spec-group (evaluated first) rests on unknowns, the
+    search stops at the next spec-group: the others' inputs are still guesses, so their keys
+    could be wasted.
     """
 
     def __init__(
@@ -97,22 +100,25 @@ class _Search:
     def chunks(self, i: int, block_size: int) -> BoolArray:
         """Spec-group ``i``'s presence by chunk: the chunk's last hash (vLLM's compact view,
         ``len(hashes) // s`` chunks)."""
-        got = self._chunks.get((i, block_size))
-        if got is None:
-            s = block_size // self.h
-            got = self.units[i][s - 1 :: s]
-            self._chunks[(i, block_size)] = got
-        return got
+        return self._view(self.units, self._chunks, i, block_size)
 
     def known_chunks(self, i: int, block_size: int) -> BoolArray | None:
         """:meth:`chunks`' knownness (None: everything is known)."""
         if self.known is None:
             return None
-        got = self._known_chunks.get((i, block_size))
+        return self._view(self.known, self._known_chunks, i, block_size)
+
+    def _view(
+        self,
+        by_unit: list[BoolArray],
+        cache: dict[tuple[int, int], BoolArray],
+        i: int,
+        block_size: int,
+    ) -> BoolArray:
+        got = cache.get((i, block_size))
         if got is None:
             s = block_size // self.h
-            got = self.known[i][s - 1 :: s]
-            self._known_chunks[(i, block_size)] = got
+            got = cache[(i, block_size)] = by_unit[i][s - 1 :: s]
         return got
 
     def _note(self, i: int, sg: EraCSpecGroup, units: IntArray) -> None:
@@ -120,8 +126,6 @@ class _Search:
             return
         if sg.full_attention:
             self._full_pending = True
-        elif self.lazy and self._full_pending:
-            return
         self.depends[i].append(units)
 
     def _note_chunks(self, i: int, sg: EraCSpecGroup, chunks: IntArray) -> None:
@@ -130,9 +134,7 @@ class _Search:
             self._note(i, sg, (chunks + 1) * s - 1)
 
     def _unknown_units(self, i: int, start: int, stop: int) -> IntArray:
-        if self.known is None or stop <= start:
-            return _NO_UNITS
-        return np.flatnonzero(~self.known[i][start:stop]) + start
+        return _unknown(None if self.known is None else self.known[i], start, stop)
 
     def manager(self, i: int, sg: EraCSpecGroup, max_length: int, drop: bool) -> int:
         spec, a, h = sg.spec, self.rules.alignment, self.h
@@ -245,9 +247,6 @@ class _Search:
         return max(hit, 0)
 
 
-_NO_UNITS = np.zeros(0, dtype=np.int64)
-
-
 def era_c_result(geometry: Geometry, num_tokens: int, present: Sequence[BoolArray]) -> LookupResult:
     """vLLM 0.32 / 0.33's lookup result for ``num_tokens`` tokens, from per store group
     presence by hash index (see the module docstring)."""
@@ -283,11 +282,11 @@ def era_c_partial(
     hit = search.hit_for(num_tokens)
     if not search.exact:
         wanted: list[list[IntArray]] = [[] for _ in geometry.groups]
-        for sg, noted, sg_known in zip(rules.spec_groups, search.depends, search.known or ()):
+        for sg, noted in zip(rules.spec_groups, search.depends):
             if not noted:
                 continue
+            # (every noted unit is unknown; several calls may note one: once)
             units = np.unique(np.concatenate(noted)) if len(noted) > 1 else noted[0]
-            units = units[~sg_known[units]]  # (noted by several calls: once)
             if window is not None and units.size > window:
                 if scouts and sg.full_attention:
                     quarter = max(1, window // 2)
@@ -299,7 +298,7 @@ def era_c_partial(
                 mine = units[~known[gid][units]]
                 if mine.size:
                     wanted[gid].append(mine)
-        return [np.concatenate(w) if len(w) > 1 else w[0] if w else _NO_UNITS for w in wanted]
+        return [np.concatenate(w) if len(w) > 1 else w[0] if w else _NONE for w in wanted]
     if hit <= 0:
         return LookupResult(0)
     boundaries = _partial_boundaries(geometry, rules, hit, present, known)
@@ -323,7 +322,7 @@ def _partial_boundaries(
     missing = False
     for gid, spec in enumerate(geometry.groups):
         units, kn = present[gid], known[gid]
-        need = _NO_UNITS
+        need = _NONE
         if j < units.size and not kn[j]:
             need = np.array([j], dtype=np.int64)
         elif j < units.size and not units[j] and rules.fine:  # the scan above the hit
