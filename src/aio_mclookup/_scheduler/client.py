@@ -75,10 +75,10 @@ class CoalescingLookupClient:
     returns None until the answer is in, then the result (once: the id is then forgotten, as
     vLLM's client does). The lookups of one scheduler step go to the service together, at
     :meth:`flush`, and share ``batch_is_exist`` RPCs; answers are collected at each
-    :meth:`flush` and :meth:`wait_for_answers` (and by a :meth:`lookup` of a pending id). A
-    failed or timed-out lookup is logged and gives a hit of 0. ``make_result(hit_length,
-    boundaries)`` builds the caller's result type (vLLM's ``MooncakeLookupResult``);
-    ``boundaries`` is a tuple of ``(group_id, num_tokens)``.
+    :meth:`flush` and :meth:`wait_for_answers`, by the first :meth:`pending` of a step and by
+    a :meth:`lookup` of a pending id. A failed or timed-out lookup is logged and gives a hit
+    of 0. ``make_result(hit_length, boundaries)`` builds the caller's result type (vLLM's
+    ``MooncakeLookupResult``); ``boundaries`` is a tuple of ``(group_id, num_tokens)``.
 
     ``open_channel()`` starts the service: at once with ``start_now``, else at the first
     non-blocking lookup. A blocking lookup (vLLM's synchronous mode, where nothing can
@@ -120,6 +120,7 @@ class CoalescingLookupClient:
         self._discarded: list[int] = []  # sent tickets to cancel, with the next submission
         self._sent: dict[int, float] = {}  # sent tickets not answered -> when they give up
         self._next_ticket = 0
+        self._polled = False  # answers taken in by a poll since the last flush
         self._closed = False
         if start_now:
             self._channel = open_channel()
@@ -185,9 +186,17 @@ class CoalescingLookupClient:
 
     def pending(self, req_id: str) -> bool:
         """Whether ``req_id``'s non-blocking lookup is submitted and its answer not collected
-        yet (then :meth:`lookup` would return None): the scheduler's cheap poll."""
+        yet (then :meth:`lookup` would return None): the scheduler's cheap poll. The first
+        call after a :meth:`flush` that finds a lookup out takes in the answers there are."""
         ticket = self._tickets.get(req_id)
-        return ticket is not None and ticket not in self._answers
+        if ticket is None or ticket in self._answers:
+            return False
+        if not self._polled and ticket in self._sent:
+            # The first poll of a step takes the answers that came in since the last one (the
+            # model ran meanwhile), so they are scheduled in this step, not the next.
+            self._polled = True
+            self._collect(0.0)
+        return ticket not in self._answers
 
     def wait_for_answers(self, timeout: float) -> None:
         """Block (the GIL released) until an answer arrives, at most ``timeout`` seconds; at
@@ -229,6 +238,7 @@ class CoalescingLookupClient:
         """Send every lookup submitted since the last flush, together, and collect the
         answers that are in (vLLM's connector calls this once per scheduler step, from
         ``build_connector_meta``)."""
+        self._polled = False
         if self._unsent or self._discarded:
             batch, self._unsent = self._unsent, []
             discard, self._discarded = self._discarded, []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -16,15 +18,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
 
 from .._errors import InvalidRequest, StoreError, UnsupportedLayout
 from .._layout.layout import KVLayout
-from .._scheduler.channels import SidecarChannel, opening
+from .._scheduler.channels import SidecarChannel, ThreadChannel, opening
 from .._scheduler.client import CoalescingLookupClient
 from .._scheduler.config import store_settings
 from .._scheduler.loop import run_once
 from .._store.mooncake import MooncakeStore
 
-__all__ = ["MooncakeStoreConnector", "build_client"]
+__all__ = ["SIDECAR_MIN_CPUS", "MooncakeStoreConnector", "build_client", "choose_service"]
 
 logger = logging.getLogger("aio_mclookup.vllm")
+
+SIDECAR_MIN_CPUS = 4
+"""CPUs this process may run on from which ``"auto"`` puts the lookup service in a sidecar
+process; below, on a thread of the scheduler's process (docs/vllm.md, "Sidecar or thread":
+on 2 CPUs the sidecar's process took CPU from the engine's forward passes)."""
+
+_SERVICES = ("auto", "sidecar", "thread")
 
 _OPEN_TIMEOUT = 30.0
 """Seconds the scheduler waits at start-up for its Mooncake client, and for the sidecar's,
@@ -54,17 +63,48 @@ def _host_ip() -> str:
     return str(get_ip())
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def choose_service(extra: dict[str, Any], cpus: int | None = None) -> tuple[str, str]:
+    """``(service, why)``: where the asynchronous lookups are answered, from the extra
+    config's ``aio_mclookup_service`` (``"auto"``, the default, ``"sidecar"`` or
+    ``"thread"``) and, for ``"auto"``, the CPUs this process may use against
+    :data:`SIDECAR_MIN_CPUS`. :class:`InvalidRequest` for another value."""
+    wanted = extra.get("aio_mclookup_service", "auto")
+    if wanted not in _SERVICES:
+        raise InvalidRequest(
+            f"kv_connector_extra_config['aio_mclookup_service'] must be one of "
+            f"{', '.join(_SERVICES)}, got {wanted!r}",
+            field="aio_mclookup_service",
+        )
+    if wanted != "auto":
+        return str(wanted), "aio_mclookup_service"
+    cpus = _usable_cpus() if cpus is None else cpus
+    service = "sidecar" if cpus >= SIDECAR_MIN_CPUS else "thread"
+    return service, f"auto: {cpus} CPUs, the sidecar from {SIDECAR_MIN_CPUS}"
+
+
 def build_client(
-    vllm_config: Any, kv_cache_config: Any, stock_client: Any, *, start_sidecar: bool = True
+    vllm_config: Any,
+    kv_cache_config: Any,
+    stock_client: Any,
+    *,
+    start_sidecar: bool = True,
+    service: str = "sidecar",
 ) -> CoalescingLookupClient:
-    """The coalescing client for this engine's scheduler: the layout read from vLLM, a
-    sidecar process whose coordinator and lookup-only Mooncake client (where the workers'
-    ``MOONCAKE_CONFIG_PATH`` points) answer the asynchronous lookups (started now with
-    ``start_sidecar``, else at the first one), and a Mooncake client of this process for the
-    synchronous ones (and for all of them if the sidecar is lost); the options of the extra
-    config. ``stock_client`` keeps serving ``reset``. :class:`UnsupportedLayout` where the
-    layout cannot be reproduced, :class:`StoreError` if the master cannot be reached,
-    :class:`InvalidRequest` for a bad configuration."""
+    """The coalescing client for this engine's scheduler: the layout read from vLLM; a
+    lookup-only Mooncake client of this process (where the workers' ``MOONCAKE_CONFIG_PATH``
+    points) for the synchronous lookups; and a coordinator for the asynchronous ones (started
+    now with ``start_sidecar``, else at the first one), in a ``"sidecar"`` process with a
+    Mooncake client of its own, or on a ``"thread"`` of this process over the same client.
+    The options of the extra config. ``stock_client`` keeps serving ``reset``.
+    :class:`UnsupportedLayout` where the layout cannot be reproduced, :class:`StoreError` if
+    the master cannot be reached, :class:`InvalidRequest` for a bad configuration."""
     layout = KVLayout.from_vllm(vllm_config, kv_cache_config)
     extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
     options = CoalescingLookupClient.options_from(extra)
@@ -86,23 +126,55 @@ def build_client(
     )
     run_once(store.open, _OPEN_TIMEOUT)
 
-    def close_store() -> None:
-        run_once(store.aclose, _OPEN_TIMEOUT)
+    async def shared_store() -> MooncakeStore:
+        return store
+
+    async def kept_open(_store: Any) -> None:
+        """(the scheduler's own client: closed with the client, after the service)"""
+
+    def open_channel() -> SidecarChannel | ThreadChannel:
+        if service == "thread":
+            return ThreadChannel(layout, shared_store, kept_open, options, _OPEN_TIMEOUT)
+        return SidecarChannel(sidecar, _OPEN_TIMEOUT)
 
     try:
         return CoalescingLookupClient(
             layout,
-            lambda: SidecarChannel(sidecar, _OPEN_TIMEOUT),
+            open_channel,
             make_result=_result,
             reset_store=stock_client.reset,
             options=options,
             exist_blocking=store.batch_is_exist_blocking,
-            close_blocking=close_store,
+            close_blocking=store.close_blocking,  # (in this thread: it works at exit too)
             start_now=start_sidecar,
         )
     except BaseException:
-        close_store()
+        store.close_blocking()
         raise
+
+
+def _summary(layout: KVLayout) -> str:
+    """One line of the layout for the start-up log."""
+    groups = "+".join(f"{g['kind']}/{g['block_size']}" for g in layout.to_dict()["groups"])
+    return (
+        f"groups {groups}, hash block {layout.hash_block_size}, scheduler block "
+        f"{layout.scheduler_block_size}, tp {layout.tp_size}, vLLM {layout.vllm_version} rules, "
+        f"{len(layout.key_prefixes)} key prefix group(s)"
+    )
+
+
+def _log_like_vllm() -> None:
+    """Give this package's log lines vLLM's handler (vLLM configures only its own logger,
+    so an INFO line of another package would be dropped); unless the application set up
+    handlers for it itself."""
+    ours, theirs = logging.getLogger("aio_mclookup"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(theirs.getEffectiveLevel())
+    ours.propagate = False
 
 
 class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
@@ -123,13 +195,20 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         scheduler = self.connector_scheduler
         if role != KVConnectorRole.SCHEDULER or scheduler is None or not scheduler.enable_lookup:
             return
+        _log_like_vllm()
         stock = scheduler.client
+        extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
         try:
+            service, why = choose_service(extra)
             client = build_client(
-                vllm_config, kv_cache_config, stock, start_sidecar=scheduler.lookup_async
+                vllm_config,
+                kv_cache_config,
+                stock,
+                start_sidecar=scheduler.lookup_async,
+                service=service,
             )
         except (UnsupportedLayout, StoreError) as exc:
-            _warn_once(f"aio-mclookup: keeping vLLM's own lookup client: {exc}")
+            _warn_once(f"aio-mclookup: falling back to vLLM's own lookup client: {exc}")
             return
         except InvalidRequest as exc:
             raise ValueError(f"aio-mclookup: {exc}") from exc
@@ -141,6 +220,16 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         self._stock_client = stock
         self._coalescing = client
         scheduler.client = client
+        logger.info(
+            "aio-mclookup: serving the scheduler's store lookups (%s mode; asynchronous "
+            "lookups on %s [%s]; synchronous ones in the scheduler's thread); layout: %s",
+            "async" if scheduler.lookup_async else "sync",
+            "a sidecar process" if service == "sidecar" else "a thread of this process",
+            why,
+            _summary(client.layout),
+        )
+        # At interpreter exit without an engine shutdown, close before module teardown.
+        atexit.register(self.shutdown)
 
     @property
     def lookup_client(self) -> CoalescingLookupClient | None:
@@ -176,6 +265,7 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         vLLM's connector closes."""
         client, self._coalescing = getattr(self, "_coalescing", None), None
         if client is not None:
+            atexit.unregister(self.shutdown)
             client.close()
             self._stock_client.close()
         super().shutdown()
