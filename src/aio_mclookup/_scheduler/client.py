@@ -121,6 +121,9 @@ class CoalescingLookupClient:
         self._sent: dict[int, float] = {}  # sent tickets not answered -> when they give up
         self._next_ticket = 0
         self._polled = False  # answers taken in by a poll since the last flush
+        self._latest_stats: CoordinatorStats | None = None  # the last Stats the service sent
+        self._stats_asked = -float("inf")  # when stats_nowait last asked for them
+        self._stats_out = False  # a StatsRequest sent, its reply not in yet
         self._closed = False
         if start_now:
             self._channel = open_channel()
@@ -295,6 +298,8 @@ class CoalescingLookupClient:
         others: list[Reply] = []
         for reply in replies:
             if not isinstance(reply, Answers):
+                if isinstance(reply, Stats):
+                    self._latest_stats, self._stats_out = reply.stats, False
                 others.append(reply)
                 continue
             for ticket, hit, detail in reply.outcomes:
@@ -397,6 +402,23 @@ class CoalescingLookupClient:
                 logger.warning("aio-mclookup: closing the scheduler's Mooncake client: %r", exc)
 
     # ------------------------------------------------------------------- observability
+    def stats_nowait(self, every: float = 1.0) -> CoordinatorStats | None:
+        """The last statistics snapshot the service sent (None before the first), without
+        waiting: asks for a fresh one when the last ask is ``every`` seconds old (its reply
+        is taken in with the answers). For a caller on the scheduler's every step."""
+        if self._stats_out:
+            self._collect(0.0)  # (the reply, if in; answers meanwhile are filed)
+        now = time.monotonic()
+        if self._channel is not None and not self._stats_out and now - self._stats_asked >= every:
+            self._stats_asked = now
+            try:
+                self._channel.send(StatsRequest())
+            except ChannelClosed as exc:
+                self._service_lost(str(exc))
+            else:
+                self._stats_out = True
+        return self._latest_stats
+
     def stats(self) -> CoordinatorStats:
         """A snapshot of the service's coordinator's statistics (RPCs, keys, lookups); those
         of a fresh coordinator (zeros) while no service runs (not started yet, or lost)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -18,22 +17,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
 
 from .._errors import InvalidRequest, StoreError, UnsupportedLayout
 from .._layout.layout import KVLayout
+from .._observe.stats import CoordinatorStats
 from .._scheduler.channels import SidecarChannel, ThreadChannel, opening
 from .._scheduler.client import CoalescingLookupClient
-from .._scheduler.config import store_settings
+from .._scheduler.config import choose_service, store_settings
 from .._scheduler.loop import run_once
 from .._store.mooncake import MooncakeStore
+from ._metrics import KEY, PluginPromMetrics, PluginStats, stats_record
 
-__all__ = ["SIDECAR_MIN_CPUS", "MooncakeStoreConnector", "build_client", "choose_service"]
+__all__ = ["MooncakeStoreConnector", "build_client"]
 
 logger = logging.getLogger("aio_mclookup.vllm")
 
-SIDECAR_MIN_CPUS = 4
-"""CPUs this process may run on from which ``"auto"`` puts the lookup service in a sidecar
-process; below, on a thread of the scheduler's process (docs/vllm.md, "Sidecar or thread":
-on 2 CPUs the sidecar's process took CPU from the engine's forward passes)."""
-
-_SERVICES = ("auto", "sidecar", "thread")
 
 _OPEN_TIMEOUT = 30.0
 """Seconds the scheduler waits at start-up for its Mooncake client, and for the sidecar's,
@@ -61,32 +56,6 @@ def _host_ip() -> str:
     from vllm.utils.network_utils import get_ip
 
     return str(get_ip())
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def choose_service(extra: dict[str, Any], cpus: int | None = None) -> tuple[str, str]:
-    """``(service, why)``: where the asynchronous lookups are answered, from the extra
-    config's ``aio_mclookup_service`` (``"auto"``, the default, ``"sidecar"`` or
-    ``"thread"``) and, for ``"auto"``, the CPUs this process may use against
-    :data:`SIDECAR_MIN_CPUS`. :class:`InvalidRequest` for another value."""
-    wanted = extra.get("aio_mclookup_service", "auto")
-    if wanted not in _SERVICES:
-        raise InvalidRequest(
-            f"kv_connector_extra_config['aio_mclookup_service'] must be one of "
-            f"{', '.join(_SERVICES)}, got {wanted!r}",
-            field="aio_mclookup_service",
-        )
-    if wanted != "auto":
-        return str(wanted), "aio_mclookup_service"
-    cpus = _usable_cpus() if cpus is None else cpus
-    service = "sidecar" if cpus >= SIDECAR_MIN_CPUS else "thread"
-    return service, f"auto: {cpus} CPUs, the sidecar from {SIDECAR_MIN_CPUS}"
 
 
 def build_client(
@@ -259,6 +228,39 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
             if not scheduler_output.total_num_scheduled_tokens:
                 client.wait_for_answers(_IDLE_WAIT)
         return super().build_connector_meta(scheduler_output)
+
+    # -------------------------------------------------------------- metrics (docs/vllm.md)
+    def get_kv_connector_stats(self) -> Any:
+        """vLLM's (the worker role's store statistics), and in the scheduler role the
+        coordinator's latest counters, which vLLM's front end records as ``aio_mclookup_*``
+        Prometheus metrics (a fresh snapshot is asked for at most every second)."""
+        theirs = super().get_kv_connector_stats()
+        client = self._coalescing
+        if client is None:
+            return theirs
+        snapshot = client.stats_nowait()
+        if snapshot is None and not client.direct_rpcs:
+            return theirs
+        ours = PluginStats(
+            data={KEY: [stats_record(snapshot or CoordinatorStats(), client.direct_rpcs)]}
+        )
+        return ours if theirs is None else theirs.aggregate(ours)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
+        """vLLM's Mooncake store statistics, which also carry the plug-in's records."""
+        return PluginStats(data=data) if data is not None else PluginStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> Any:
+        """vLLM's Mooncake store metrics and the coordinator's ``aio_mclookup_*`` ones."""
+        return PluginPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         """Close the coalescing client (no thread is left), vLLM's own client, then what
