@@ -89,6 +89,7 @@ class EngineSite:
             "engine_job.py",
             stdin=json.dumps({"model_dir": str(self.model_dir), **job}),
             timeout=timeout,
+            with_log=True,
         )
         report["process_seconds"] = time.monotonic() - started
         return report
@@ -100,9 +101,11 @@ class EngineSite:
         stdin: str = "",
         timeout: float = 300.0,
         env: dict[str, str] | None = None,
+        with_log: bool = False,
     ) -> dict[str, Any]:
         """Run a script of this folder in the vLLM environment (``env`` instead of the
-        site's, if given); the JSON of its ``RESULT`` line (its output's tail on failure)."""
+        site's, if given); the JSON of its ``RESULT`` line (with ``with_log``, its whole
+        output too, as ``log``; its output's tail on failure)."""
         proc = subprocess.run(
             [str(self.python), str(HERE / name), *args],
             input=stdin,
@@ -119,6 +122,8 @@ class EngineSite:
                 f"{proc.stderr[-6000:]}"
             )
         result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+        if with_log:
+            result["log"] = proc.stdout + proc.stderr  # (vLLM logs to stdout, Mooncake: stderr)
         return result
 
 

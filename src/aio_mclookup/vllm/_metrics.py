@@ -25,8 +25,12 @@ __all__ = ["KEY", "PluginPromMetrics", "PluginStats", "stats_record"]
 KEY = "aio_mclookup"
 """The key of the plug-in's records in the connector statistics' ``data``."""
 
-_DIRECT = ("direct_rpcs_total", "batch_is_exist RPCs of synchronous lookups, made in the "
-           "scheduler's thread (not in rpcs_total).")
+_DIRECT = (
+    "direct_rpcs_total",
+    "batch_is_exist RPCs of synchronous lookups, made in the scheduler's thread (not in "
+    "rpcs_total).",
+)
+"""The one metric beyond the coordinator's: ``(name, help)``."""
 
 
 def stats_record(stats: CoordinatorStats, direct_rpcs: int) -> dict[str, float]:
@@ -63,7 +67,7 @@ class PluginPromMetrics(MooncakeStorePromMetrics):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._ours: dict[str, Any] = {}
-        for _, name, help_text in (*_COUNTERS, _DIRECT):
+        for name, help_text in [(name, text) for _, name, text in _COUNTERS] + [_DIRECT]:
             self._ours[name] = self._counter_cls(
                 name=f"aio_mclookup_{name}", documentation=help_text, labelnames=labelnames
             )
