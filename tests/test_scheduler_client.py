@@ -24,7 +24,7 @@ from aio_mclookup import (
     StoreError,
 )
 from aio_mclookup._scheduler.channels import ThreadChannel
-from aio_mclookup._scheduler.client import PLUGIN_DEFAULTS, CoalescingLookupClient
+from aio_mclookup._scheduler.client import HEAD_START, PLUGIN_DEFAULTS, CoalescingLookupClient
 from aio_mclookup._scheduler.config import SIDECAR_MIN_CPUS, choose_service, store_settings
 
 H = 16
@@ -193,6 +193,29 @@ def test_an_idle_step_waits_for_an_answer_but_not_beyond_its_bound(
         client.wait_for_answers(5.0)  # returns when the answer is in, long before 5 s
         assert time.monotonic() - started < 2.0
         assert client.lookup("slow", 8 * H, hashes, non_block=True) == (5 * H, ((0, 5 * H),))
+    finally:
+        client.close()
+
+
+def test_a_bursts_first_lookups_go_ahead_of_the_rest(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    store.delay = 0.05
+    client = _client(store)
+    try:
+        ids = [f"r{i}" for i in range(HEAD_START + 30)]
+        assert all(client.lookup(r, 8 * H, hashes, non_block=True) is None for r in ids)
+        client.flush()  # nothing out: the first HEAD_START go now
+        assert len(client._sent) == HEAD_START and len(client._unsent) == 30
+        client.flush()  # some out: the rest go together
+        assert len(client._sent) == HEAD_START + 30 and not client._unsent
+        results = [_poll(client, r, 8 * H, hashes) for r in ids]
+        assert {r[0] for r in results} == {5 * H}
+        # a blocking lookup never waits behind the head start
+        more = [f"b{i}" for i in range(HEAD_START + 1)]
+        assert all(client.lookup(r, 8 * H, hashes, non_block=True) is None for r in more)
+        assert client.lookup(more[-1], 8 * H, hashes)[0] == 5 * H
     finally:
         client.close()
 

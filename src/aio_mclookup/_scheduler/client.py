@@ -27,7 +27,7 @@ from .messages import (
     boundary_pairs,
 )
 
-__all__ = ["CoalescingLookupClient", "PLUGIN_DEFAULTS"]
+__all__ = ["HEAD_START", "CoalescingLookupClient", "PLUGIN_DEFAULTS"]
 
 logger = logging.getLogger("aio_mclookup.vllm")
 
@@ -45,6 +45,11 @@ time limit when that is shorter)."""
 _MARGIN = 1.0
 """Seconds a blocking :meth:`~CoalescingLookupClient.lookup` waits beyond the lookup's own
 timeout before it gives up on the service itself."""
+
+HEAD_START = 16
+"""Lookups a flush sends ahead of the rest when none is out (a burst's first step): a small
+batch is answered in a few milliseconds, where a whole burst's batch takes a few hundred, and
+the engine has work meanwhile; the rest follow at the next flush, coalesced."""
 
 _R = TypeVar("_R", bound=Reply)
 
@@ -174,7 +179,7 @@ class CoalescingLookupClient:
             if non_block:
                 return None
         if ticket not in self._answers:
-            self.flush()
+            self.flush(everything=not non_block)
         if ticket not in self._answers:
             if non_block:
                 return None
@@ -237,13 +242,18 @@ class CoalescingLookupClient:
             return self._make_result(0, ())
         return self._vllm_result(result)
 
-    def flush(self) -> None:
-        """Send every lookup submitted since the last flush, together, and collect the
+    def flush(self, *, everything: bool = False) -> None:
+        """Send the lookups submitted since the last flush, together, and collect the
         answers that are in (vLLM's connector calls this once per scheduler step, from
-        ``build_connector_meta``)."""
+        ``build_connector_meta``). When none is out, only the first :data:`HEAD_START` go
+        now (unless ``everything``): their answers come back quickly, so the engine can start
+        on them while the rest, sent at the next flush, are looked up."""
         self._polled = False
         if self._unsent or self._discarded:
-            batch, self._unsent = self._unsent, []
+            if not everything and not self._sent and len(self._unsent) > HEAD_START:
+                batch, self._unsent = self._unsent[:HEAD_START], self._unsent[HEAD_START:]
+            else:
+                batch, self._unsent = self._unsent, []
             discard, self._discarded = self._discarded, []
             channel = self._service()
             if channel is None:
