@@ -67,15 +67,20 @@ def test_the_result_types(contract: dict[str, Any]) -> None:
     assert contract["boundary_fields"] == ["group_id", "num_tokens"]
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("mode", "channel"),
+    [("sync", None), ("async", "ThreadChannel"), ("async, sidecar", "SidecarChannel")],
+)
 def test_the_plugin_takes_over_and_answers_through_033s_scheduler(
-    contract: dict[str, Any], mode: str
+    contract: dict[str, Any], mode: str, channel: str | None
 ) -> None:
     run = contract["runs"][mode]
     assert run["took_over"] is True
     assert run["scheduler_type"] == "MooncakeStoreScheduler"
     assert run["layout"]["vllm_version"] == "0.33.0"
-    if mode == "async":
+    if channel is not None:
+        assert run["channel"] == channel
+    if mode.startswith("async"):
         assert run["answers"][0] == [None, False]  # not known yet, as 0.33's own async client
     # 4 blocks of 6 stored (the 200-token request aligns to 192): 128 tokens to load
     assert run["answers"][-1] == [128, True]

@@ -65,7 +65,7 @@ def main() -> None:
         "scheduler_lookup_params": _params(MooncakeStoreScheduler.get_num_new_matched_tokens),
     }
 
-    def build(lookup_async: bool) -> tuple[Any, Any]:
+    def build(lookup_async: bool, service: str) -> tuple[Any, Any]:
         cfg = EngineArgs(
             model=sys.argv[1],
             load_format="dummy",
@@ -76,7 +76,10 @@ def main() -> None:
                 "kv_connector": "MooncakeStoreConnector",
                 "kv_connector_module_path": "aio_mclookup.vllm",
                 "kv_role": "kv_consumer",
-                "kv_connector_extra_config": {"lookup_async": lookup_async},
+                "kv_connector_extra_config": {
+                    "lookup_async": lookup_async,
+                    "aio_mclookup_service": service,
+                },
             },
         ).create_engine_config()
         cfg.cache_config.kv_cache_layout = "LBHNC"  # (what the engine core resolves first)
@@ -102,8 +105,8 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     loop.run_until_complete(writer.open())
     runs: dict[str, Any] = {}
-    for mode in ("sync", "async"):
-        connector, _ = build(mode == "async")
+    for mode, service in (("sync", "auto"), ("async", "thread"), ("async, sidecar", "sidecar")):
+        connector, _ = build(mode.startswith("async"), service)
         client = connector.lookup_client
         if client is not None and mode == "sync":  # the first 4 blocks stored: a hit of 128
             stored = Request("stored", 128)
@@ -117,7 +120,7 @@ def main() -> None:
         }
         request = Request(f"{mode}-1", 200)
         answers = [connector.get_num_new_matched_tokens(request, 0)]
-        if mode == "async":
+        if mode.startswith("async"):
             deadline = time.monotonic() + 10.0
             while answers[-1][0] is None and time.monotonic() < deadline:
                 client.wait_for_answers(0.05)  # (what the connector's step end does)
@@ -125,6 +128,7 @@ def main() -> None:
         run["answers"] = [list(a) for a in answers]
         spec = scheduler.load_specs.get(request.request_id) if scheduler is not None else None
         run["load_spec"] = None if spec is None else type(spec).__name__
+        run["channel"] = type(getattr(client, "_channel", None)).__name__
         connector.shutdown()
         run["threads_left"] = sorted(
             t.name for t in threading.enumerate() if t.name.startswith("aio-mclookup")
