@@ -62,20 +62,20 @@ def recording(base: type) -> type:
             waiter = getattr(client, "wait_for_answers", None)
             if waiter is not None:  # ours: a step that scheduled nothing waits, idle
 
-                def wait_for_answers(timeout: float) -> None:
+                def wait_for_answers(timeout: float) -> Any:
                     start = time.perf_counter()
                     try:
-                        waiter(timeout)
+                        return waiter(timeout)
                     finally:
                         self.idle_seconds += time.perf_counter() - start
 
                 client.wait_for_answers = wait_for_answers
                 flush = client.flush
 
-                def timed_flush() -> None:
+                def timed_flush(**how: Any) -> None:
                     start = time.perf_counter()
                     try:
-                        flush()
+                        flush(**how)
                     finally:
                         self.flush_seconds += time.perf_counter() - start
 

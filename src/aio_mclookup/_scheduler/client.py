@@ -206,13 +206,15 @@ class CoalescingLookupClient:
             self._collect(0.0)
         return ticket not in self._answers
 
-    def wait_for_answers(self, timeout: float) -> None:
+    def wait_for_answers(self, timeout: float) -> bool:
         """Block (the GIL released) until an answer arrives, at most ``timeout`` seconds; at
         once if no lookup is out or an answer is in already. For a scheduler step that
-        scheduled nothing: rather than spin through empty steps, it lets the service work."""
+        scheduled nothing: rather than spin through empty steps, it lets the service work.
+        Whether any lookup is out or answered (False: nothing to wait for)."""
         self.flush()
         if self._sent and not self._answers:
             self._collect(timeout)
+        return bool(self._sent or self._answers or self._unsent)
 
     def _wait_for(self, ticket: int) -> None:
         """Collect answers until ``ticket``'s is in, at most until it gives up (its own time

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -36,6 +37,10 @@ to set up (and at shut-down for its own to close)."""
 
 _IDLE_WAIT = 0.005
 """Seconds a scheduler step that scheduled nothing waits for a pending lookup's answer."""
+
+_LOAD_WAIT = 0.002
+"""Seconds a scheduler step that scheduled nothing, with no lookup out, sleeps (the GIL
+released): the engine waits on KV loads, whose thread needs the GIL the empty steps spin on."""
 
 _warned: set[str] = set()
 
@@ -220,13 +225,15 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         """vLLM's, after starting the lookups this step submitted (together: they share
-        RPCs). A step that scheduled nothing (everything waits on lookups) then waits up to
-        5 ms for an answer instead of returning to spin: the engine has nothing to run."""
+        RPCs). A step that scheduled nothing then waits instead of returning to spin (the
+        engine has nothing to run): up to 5 ms for an answer while lookups are out, else 2 ms
+        (KV loads are under way, and their thread needs the GIL)."""
         client = self._coalescing
         if client is not None:
             client.flush()
-            if not scheduler_output.total_num_scheduled_tokens:
-                client.wait_for_answers(_IDLE_WAIT)
+            idle = not scheduler_output.total_num_scheduled_tokens
+            if idle and not client.wait_for_answers(_IDLE_WAIT):
+                time.sleep(_LOAD_WAIT)
         return super().build_connector_meta(scheduler_output)
 
     # -------------------------------------------------------------- metrics (docs/vllm.md)
