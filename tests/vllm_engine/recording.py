@@ -12,6 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+
+def _caller_id(req_id: str) -> str:
+    """The caller's request id (the engine's own is it plus "-<random suffix>")."""
+    return req_id.rsplit("-", 1)[0]
+
+
 SCHEDULERS: list[Any] = []
 """The scheduler-role connectors built in this process (the engine job reads them)."""
 
@@ -30,6 +36,7 @@ def recording(base: type) -> type:
             self.steps = 0
             self.last_answer_step = 0
             self.last_answer_at = 0.0
+            self.trace_from(0.0)
             scheduler = self.connector_scheduler
             if scheduler is None:
                 return
@@ -45,6 +52,8 @@ def recording(base: type) -> type:
                 if out is not None:
                     self.last_answer_step = self.steps
                     self.last_answer_at = time.perf_counter()
+                    self.hit_at.setdefault(_caller_id(req_id), self.last_answer_at - self.t0)
+                    self.step_answers += 1
                     bounds = tuple((b.group_id, b.num_tokens) for b in out.tail_key_boundaries)
                     self.results.append((req_id, num_tokens, out.hit_length, bounds))
                 return out
@@ -53,20 +62,20 @@ def recording(base: type) -> type:
             waiter = getattr(client, "wait_for_answers", None)
             if waiter is not None:  # ours: a step that scheduled nothing waits, idle
 
-                def wait_for_answers(timeout: float) -> None:
+                def wait_for_answers(timeout: float) -> Any:
                     start = time.perf_counter()
                     try:
-                        waiter(timeout)
+                        return waiter(timeout)
                     finally:
                         self.idle_seconds += time.perf_counter() - start
 
                 client.wait_for_answers = wait_for_answers
                 flush = client.flush
 
-                def timed_flush() -> None:
+                def timed_flush(**how: Any) -> None:
                     start = time.perf_counter()
                     try:
-                        flush()
+                        flush(**how)
                     finally:
                         self.flush_seconds += time.perf_counter() - start
 
@@ -82,9 +91,31 @@ def recording(base: type) -> type:
                 self.lookup_seconds += time.perf_counter() - start
                 self.lookup_calls += 1
 
+        def trace_from(self, t0: float) -> None:
+            """Start a burst's trace: times are seconds from ``t0`` (perf_counter)."""
+            self.t0 = t0
+            self.hit_at: dict[str, float] = {}  # caller's request id -> when its hit came
+            self.scheduled_at: dict[str, float] = {}  # -> when it was first scheduled
+            self.step_trace: list[list[float]] = []
+            self.step_answers = 0
+
         def build_connector_meta(self, scheduler_output: Any) -> Any:
             self.steps += 1
             start = time.perf_counter()
+            new = [_caller_id(r.req_id) for r in scheduler_output.scheduled_new_reqs]
+            for req_id in new:
+                self.scheduled_at.setdefault(req_id, start - self.t0)
+            # (time, hits delivered, requests newly scheduled, requests scheduled, tokens)
+            self.step_trace.append(
+                [
+                    round(start - self.t0, 4),
+                    self.step_answers,
+                    len(new),
+                    len(scheduler_output.num_scheduled_tokens),
+                    scheduler_output.total_num_scheduled_tokens,
+                ]
+            )
+            self.step_answers = 0
             try:
                 return super().build_connector_meta(scheduler_output)
             finally:

@@ -27,7 +27,7 @@ from .messages import (
     boundary_pairs,
 )
 
-__all__ = ["CoalescingLookupClient", "PLUGIN_DEFAULTS"]
+__all__ = ["HEAD_START", "CoalescingLookupClient", "PLUGIN_DEFAULTS"]
 
 logger = logging.getLogger("aio_mclookup.vllm")
 
@@ -45,6 +45,11 @@ time limit when that is shorter)."""
 _MARGIN = 1.0
 """Seconds a blocking :meth:`~CoalescingLookupClient.lookup` waits beyond the lookup's own
 timeout before it gives up on the service itself."""
+
+HEAD_START = 16
+"""Lookups a flush sends ahead of the rest when none is out (a burst's first step): a small
+batch is answered in a few milliseconds, where a whole burst's batch takes a few hundred, and
+the engine has work meanwhile; the rest follow at the next flush, coalesced."""
 
 _R = TypeVar("_R", bound=Reply)
 
@@ -75,10 +80,10 @@ class CoalescingLookupClient:
     returns None until the answer is in, then the result (once: the id is then forgotten, as
     vLLM's client does). The lookups of one scheduler step go to the service together, at
     :meth:`flush`, and share ``batch_is_exist`` RPCs; answers are collected at each
-    :meth:`flush` and :meth:`wait_for_answers` (and by a :meth:`lookup` of a pending id). A
-    failed or timed-out lookup is logged and gives a hit of 0. ``make_result(hit_length,
-    boundaries)`` builds the caller's result type (vLLM's ``MooncakeLookupResult``);
-    ``boundaries`` is a tuple of ``(group_id, num_tokens)``.
+    :meth:`flush` and :meth:`wait_for_answers`, by the first :meth:`pending` of a step and by
+    a :meth:`lookup` of a pending id. A failed or timed-out lookup is logged and gives a hit
+    of 0. ``make_result(hit_length, boundaries)`` builds the caller's result type (vLLM's
+    ``MooncakeLookupResult``); ``boundaries`` is a tuple of ``(group_id, num_tokens)``.
 
     ``open_channel()`` starts the service: at once with ``start_now``, else at the first
     non-blocking lookup. A blocking lookup (vLLM's synchronous mode, where nothing can
@@ -120,6 +125,10 @@ class CoalescingLookupClient:
         self._discarded: list[int] = []  # sent tickets to cancel, with the next submission
         self._sent: dict[int, float] = {}  # sent tickets not answered -> when they give up
         self._next_ticket = 0
+        self._polled = False  # answers taken in by a poll since the last flush
+        self._latest_stats: CoordinatorStats | None = None  # the last Stats the service sent
+        self._stats_asked = -float("inf")  # when stats_nowait last asked for them
+        self._stats_out = False  # a StatsRequest sent, its reply not in yet
         self._closed = False
         if start_now:
             self._channel = open_channel()
@@ -170,7 +179,7 @@ class CoalescingLookupClient:
             if non_block:
                 return None
         if ticket not in self._answers:
-            self.flush()
+            self.flush(everything=not non_block)
         if ticket not in self._answers:
             if non_block:
                 return None
@@ -185,17 +194,27 @@ class CoalescingLookupClient:
 
     def pending(self, req_id: str) -> bool:
         """Whether ``req_id``'s non-blocking lookup is submitted and its answer not collected
-        yet (then :meth:`lookup` would return None): the scheduler's cheap poll."""
+        yet (then :meth:`lookup` would return None): the scheduler's cheap poll. The first
+        call after a :meth:`flush` that finds a lookup out takes in the answers there are."""
         ticket = self._tickets.get(req_id)
-        return ticket is not None and ticket not in self._answers
+        if ticket is None or ticket in self._answers:
+            return False
+        if not self._polled and ticket in self._sent:
+            # The first poll of a step takes the answers that came in since the last one (the
+            # model ran meanwhile), so they are scheduled in this step, not the next.
+            self._polled = True
+            self._collect(0.0)
+        return ticket not in self._answers
 
-    def wait_for_answers(self, timeout: float) -> None:
+    def wait_for_answers(self, timeout: float) -> bool:
         """Block (the GIL released) until an answer arrives, at most ``timeout`` seconds; at
         once if no lookup is out or an answer is in already. For a scheduler step that
-        scheduled nothing: rather than spin through empty steps, it lets the service work."""
+        scheduled nothing: rather than spin through empty steps, it lets the service work.
+        Whether any lookup is out or answered (False: nothing to wait for)."""
         self.flush()
         if self._sent and not self._answers:
             self._collect(timeout)
+        return bool(self._sent or self._answers or self._unsent)
 
     def _wait_for(self, ticket: int) -> None:
         """Collect answers until ``ticket``'s is in, at most until it gives up (its own time
@@ -225,12 +244,18 @@ class CoalescingLookupClient:
             return self._make_result(0, ())
         return self._vllm_result(result)
 
-    def flush(self) -> None:
-        """Send every lookup submitted since the last flush, together, and collect the
+    def flush(self, *, everything: bool = False) -> None:
+        """Send the lookups submitted since the last flush, together, and collect the
         answers that are in (vLLM's connector calls this once per scheduler step, from
-        ``build_connector_meta``)."""
+        ``build_connector_meta``). When none is out, only the first :data:`HEAD_START` go
+        now (unless ``everything``): their answers come back quickly, so the engine can start
+        on them while the rest, sent at the next flush, are looked up."""
+        self._polled = False
         if self._unsent or self._discarded:
-            batch, self._unsent = self._unsent, []
+            if not everything and not self._sent and len(self._unsent) > HEAD_START:
+                batch, self._unsent = self._unsent[:HEAD_START], self._unsent[HEAD_START:]
+            else:
+                batch, self._unsent = self._unsent, []
             discard, self._discarded = self._discarded, []
             channel = self._service()
             if channel is None:
@@ -285,6 +310,8 @@ class CoalescingLookupClient:
         others: list[Reply] = []
         for reply in replies:
             if not isinstance(reply, Answers):
+                if isinstance(reply, Stats):
+                    self._latest_stats, self._stats_out = reply.stats, False
                 others.append(reply)
                 continue
             for ticket, hit, detail in reply.outcomes:
@@ -387,6 +414,23 @@ class CoalescingLookupClient:
                 logger.warning("aio-mclookup: closing the scheduler's Mooncake client: %r", exc)
 
     # ------------------------------------------------------------------- observability
+    def stats_nowait(self, every: float = 1.0) -> CoordinatorStats | None:
+        """The last statistics snapshot the service sent (None before the first), without
+        waiting: asks for a fresh one when the last ask is ``every`` seconds old (its reply
+        is taken in with the answers). For a caller on the scheduler's every step."""
+        if self._stats_out:
+            self._collect(0.0)  # (the reply, if in; answers meanwhile are filed)
+        now = time.monotonic()
+        if self._channel is not None and not self._stats_out and now - self._stats_asked >= every:
+            self._stats_asked = now
+            try:
+                self._channel.send(StatsRequest())
+            except ChannelClosed as exc:
+                self._service_lost(str(exc))
+            else:
+                self._stats_out = True
+        return self._latest_stats
+
     def stats(self) -> CoordinatorStats:
         """A snapshot of the service's coordinator's statistics (RPCs, keys, lookups); those
         of a fresh coordinator (zeros) while no service runs (not started yet, or lost)."""

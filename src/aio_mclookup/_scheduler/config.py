@@ -1,4 +1,5 @@
-"""Where the scheduler's own Mooncake client connects: the workers' ``MOONCAKE_CONFIG_PATH``."""
+"""The scheduler's lookup set-up: where its Mooncake client connects (the workers'
+``MOONCAKE_CONFIG_PATH``) and where its lookup service runs (a sidecar process or a thread)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from typing import Any
 from .._errors import InvalidRequest
 from .._store.pool import DEFAULT_TENANT
 
-__all__ = ["StoreSettings", "store_settings"]
+__all__ = ["SIDECAR_MIN_CPUS", "StoreSettings", "choose_service", "store_settings"]
+
+SIDECAR_MIN_CPUS = 4
+"""CPUs this process may run on from which ``"auto"`` puts the lookup service in a sidecar
+process; below, on a thread of the scheduler's process (docs/vllm.md, "Sidecar or thread")."""
+
+_SERVICES = ("auto", "sidecar", "thread")
 
 
 @dataclass(frozen=True)
@@ -55,3 +62,29 @@ def store_settings(environ: Mapping[str, str] = os.environ) -> StoreSettings:
         metadata_server=config["metadata_server"],
         tenant_id=(tenant or "").strip() or DEFAULT_TENANT,
     )
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def choose_service(extra: Mapping[str, Any], cpus: int | None = None) -> tuple[str, str]:
+    """``(service, why)``: where the asynchronous lookups are answered, from the connector's
+    extra config ``aio_mclookup_service`` (``"auto"``, the default, ``"sidecar"`` or
+    ``"thread"``) and, for ``"auto"``, the CPUs this process may use (``cpus``, else its
+    affinity) against :data:`SIDECAR_MIN_CPUS`. :class:`InvalidRequest` for another value."""
+    wanted = extra.get("aio_mclookup_service", "auto")
+    if wanted not in _SERVICES:
+        raise InvalidRequest(
+            f"kv_connector_extra_config['aio_mclookup_service'] must be one of "
+            f"{', '.join(_SERVICES)}, got {wanted!r}",
+            field="aio_mclookup_service",
+        )
+    if wanted != "auto":
+        return str(wanted), "aio_mclookup_service"
+    cpus = _usable_cpus() if cpus is None else cpus
+    service = "sidecar" if cpus >= SIDECAR_MIN_CPUS else "thread"
+    return service, f"auto: {cpus} CPUs, the sidecar from {SIDECAR_MIN_CPUS}"

@@ -306,6 +306,31 @@ class ClientPool:
         # Shielded: a caller that stops waiting must not cancel the close job itself.
         await wait_future(fut, shield=True)
 
+    def close_blocking(self) -> None:
+        """:meth:`aclose` for a caller that is not async, run in the calling thread (no pool
+        thread, no event loop): for shut-down paths with no call of their own in flight, and
+        at interpreter exit, when thread pools take no more work. Idempotent; waits for a
+        close already under way."""
+        with self._cond:
+            fut = self._close_future
+            if fut is None:
+                self._state = _CLOSING
+                fut = self._close_future = concurrent.futures.Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            fut.result()
+            return
+        try:
+            self._close_job()
+            fut.set_result(None)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            raise
+        finally:
+            self._pool.shutdown(wait=False)
+
     async def __aenter__(self: _Self) -> _Self:
         await self.open()
         return self
