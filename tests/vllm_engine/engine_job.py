@@ -226,6 +226,13 @@ def main() -> None:
         _wait_for_saves(llm, connector)
     if job.get("log_stats"):  # vLLM's own Prometheus registry, as its /metrics serves it
         import prometheus_client
+        from vllm import SamplingParams
+
+        # The plug-in asks for a statistics snapshot at most once a second and files the reply
+        # at a later step: let a snapshot taken after the phases through (a few steps), so
+        # the registry holds their final counters rather than a mid-lookup one.
+        time.sleep(1.1)
+        llm.generate([{"prompt_token_ids": [1]}], SamplingParams(max_tokens=4), use_tqdm=False)
 
         text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
         report["metrics"] = [
