@@ -17,8 +17,8 @@ from starlette.types import Scope
 
 from .. import (
     BlockHasher,
-    KVLayout,
     LookupCoordinator,
+    SGLangLayout,
 )
 from .._checks import positive_int
 from .._errors import Error, InvalidRequest
@@ -56,6 +56,7 @@ from ._models import (
     LookupResponse,
     ValidationErrorResponse,
 )
+from ._sglang import SGLangDecoder, layout_info
 
 _LIMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {
@@ -305,6 +306,7 @@ def create_router(
     )
     kwargs: dict[str, Any] = {} if lookup_timeout is None else {"timeout": lookup_timeout}
     decoder = _Decoder(max_hashes_per_request, hasher)
+    sglang = SGLangDecoder(max_hashes_per_request)
     lookup_schema = _inline_schema(LookupRequest)
     batch_schema = _inline_schema(BatchLookupRequest)
 
@@ -319,14 +321,20 @@ def create_router(
         """One lookup body -> the reply's bytes and media type; raises ApiError."""
         if media == OCTET_STREAM:
             item = _decode_frame(body, max_hashes_per_request)
+            if isinstance(coordinator.layout, SGLangLayout):
+                item = sglang.checked(item, ["body"], coordinator.layout)
             (hit,) = await _lookup_all(coordinator, [item], kwargs, batch=False)
             return _HIT.pack(hit), OCTET_STREAM
         if media != "application/json":
             raise unsupported(media)
-        layout = _vllm_layout(coordinator)
-        found = decoder.scanned(body, ["body"], layout)
-        if found is None:  # not the common shape: parse it
-            found = decoder.item(_parse_json(body), ["body"], scope, layout)
+        layout = coordinator.layout
+        if isinstance(layout, SGLangLayout):
+            found: _Item | None = sglang.body(body, ["body"], layout)
+        else:
+            found = decoder.scanned(body, ["body"], layout)
+            if found is None:  # not the common shape: parse it
+                found = decoder.item(_parse_json(body), ["body"], scope, layout)
+        assert found is not None
         (hit,) = await _lookup_all(coordinator, [found], kwargs, batch=False)
         return b'{"hit_tokens":%d}' % hit, "application/json"
 
@@ -354,11 +362,15 @@ def create_router(
                 f"{len(requests)} lookups, more than the limit {max_batch_requests}",
                 field="requests",
             )
-        layout = _vllm_layout(coordinator)
-        items = [
-            decoder.item(req, ["body", "requests", i], scope, layout)
-            for i, req in enumerate(requests)
-        ]
+        layout = coordinator.layout
+        if isinstance(layout, SGLangLayout):
+            where = ["body", "requests"]
+            items = [sglang.item(req, [*where, i], layout) for i, req in enumerate(requests)]
+        else:
+            items = [
+                decoder.item(req, ["body", "requests", i], scope, layout)
+                for i, req in enumerate(requests)
+            ]
         if not items:
             return b'{"hit_tokens":[]}', "application/json"
         hits = await _lookup_all(coordinator, items, kwargs, batch=True)
@@ -429,11 +441,23 @@ def create_router(
 
     @router.get("/v1/layout", response_model=LayoutResponse, summary="Layout and hasher")
     async def layout_route(request: Request, coordinator: CoordinatorDep) -> LayoutResponse:
-        """The layout lookups use (`KVLayout.to_dict()`), and the hasher of token-id bodies
-        (null when they are not accepted): what a router must match."""
+        """The layout lookups use (`KVLayout.to_dict()` or `SGLangLayout.to_dict()`), its
+        engine and release, and the hasher of token-id bodies (null when they are not
+        accepted): what a router must match."""
+        layout = coordinator.layout
+        if isinstance(layout, SGLangLayout):
+            return LayoutResponse(
+                layout=layout.to_dict(),
+                hasher=layout_info(layout),
+                engine="sglang",
+                version=layout.sglang_version,
+            )
         the_hasher = hasher if hasher is not None else _state_hasher(request.scope)
         return LayoutResponse(
-            layout=coordinator.layout.to_dict(), hasher=_hasher_config(the_hasher)
+            layout=layout.to_dict(),
+            hasher=_hasher_config(the_hasher),
+            engine="vllm",
+            version=layout.vllm_version,
         )
 
     @router.get(
@@ -499,13 +523,3 @@ def create_router(
 
     return router
 
-
-def _vllm_layout(coordinator: LookupCoordinator) -> KVLayout:
-    """The coordinator's layout, which this router's bodies (vLLM block hashes or token ids
-    hashed as vLLM does) are for."""
-    layout = coordinator.layout
-    if not isinstance(layout, KVLayout):
-        raise ApiError(
-            501, "unsupported_layout", "this router serves vLLM layouts (a KVLayout)"
-        )
-    return layout
