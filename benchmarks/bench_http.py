@@ -3,8 +3,8 @@ coordinator, on the same workload, against the same real master, in the same run
 
 The workload is bench_coalesce's chat scenario (``bench_coalesce.build``): one full-attention
 group, B=16; 64 cached 4,096-token system prompts; requests that share one up to a random cut and
-then diverge. Each request is looked up as ``coordinator.lookup(token_len, hashes)`` in process,
-and over HTTP as ``POST /v1/lookup`` with
+then diverge. Each request is looked up as ``coordinator.lookup_result(token_len, hashes)`` in
+process, and over HTTP as ``POST /v1/lookup`` with
 
 * ``json``: ``{"token_len": ..., "block_hashes": [256 hex strings]}`` (about 17 KB), or
 * ``frame``: ``application/octet-stream``, vLLM 0.33's lookup frame (``num_tokens`` u32 BE,
@@ -382,7 +382,8 @@ async def run_in_process(
 ) -> Run:
     async def lookup(c: int, i: int) -> int:
         req = requests[i]
-        return await coordinator.lookup(req.token_len, req.hashes)
+        result = await coordinator.lookup_result(req.token_len, req.hashes)
+        return result.hit_length  # what the JSON route answers for token_len
 
     rpcs0 = coordinator.stats().rpcs_total
     cpu0 = time.process_time()
@@ -419,7 +420,7 @@ async def run_in_process_tokens(
 
     async def lookup(_: int, i: int) -> int:
         ids = prompts[i]
-        return await coordinator.lookup_request(len(ids), hasher.hash(ids))
+        return await coordinator.lookup(len(ids), hasher.hash(ids))
 
     rpcs0 = coordinator.stats().rpcs_total
     cpu0 = time.process_time()

@@ -55,7 +55,7 @@ async def one_run(store: MooncakeStore, sc: Scenario, requests: list[Any], cfg: 
     coordinator = LookupCoordinator(cfg.layout, store, **options)
 
     async def lookup(req: Any) -> int:
-        return await coordinator.lookup(req.token_len, req.hashes)
+        return await coordinator.lookup(req.num_tokens, req.hashes)
 
     async with coordinator:
         await drive(requests, lookup, result, cfg, asyncio.Event(), Progress(sys.stderr, False))

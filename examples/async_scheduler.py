@@ -12,14 +12,15 @@ What it does, everything on 127.0.0.1 and in a few seconds:
    already served, built the way the workers build them (``layout.plan(len, hashes).keys``);
 3. opens the lookup side once, at start-up: a ``MooncakeStore`` and a ``LookupCoordinator``;
 4. runs a scheduler loop: requests (``num_tokens`` and the prompt's chained block hashes) arrive
-   on a queue; each is aligned to the scheduler block, looked up concurrently with the others,
-   and "leave one token to compute" is applied to the hit, as vLLM 0.26's scheduler does;
+   on a queue; each is looked up concurrently with the others with
+   ``coordinator.lookup(num_tokens, hashes)``: vLLM's scheduler's count for the request;
 5. prints each request's hit and the coordinator's stats, checks every hit against vLLM's own
    way (all keys of one request in one ``batch_is_exist``, then ``plan.resolve``), and ends with
    a machine-checkable line ``hits: [...]``.
 
-The layout names vLLM 0.26, whose scheduler aligns, looks up and leaves one token itself
-(``coordinator.lookup_request(num_tokens, hashes)`` does all three, for any release). It is
+The layout names vLLM 0.26, whose scheduler aligns the length, looks up and leaves one token to
+compute itself (``coordinator.lookup`` does all three on 0.26, and on 0.32+ what those releases
+do; the check in step 5 does them by hand). It is
 DeepSeek-V4-like: full attention with 256-token blocks plus three sliding-window
 groups, 4-token hash blocks, 256-token scheduler blocks, TP 4 with MLA (one KV head, so every TP
 rank writes the same ``tp_rank:0`` keys and there is one key namespace).
@@ -147,12 +148,10 @@ async def fill_cache(writer: mcl.StoreWriter) -> int:
 async def schedule(
     coordinator: mcl.LookupCoordinator, request: Request
 ) -> tuple[Request, int, int]:
-    """What vLLM's scheduler does per waiting request: align, look up, leave one token."""
-    token_len = LAYOUT.align(request.num_tokens)
-    if token_len == 0:  # shorter than one scheduler block: no lookup
-        return request, token_len, 0
-    hit = await coordinator.lookup(token_len, block_hashes(request.prompt))
-    return request, token_len, LAYOUT.leave_one_token(hit, request.num_tokens)
+    """What vLLM's scheduler counts as cached for one waiting request (and, to print, the
+    aligned length vLLM 0.26 looks up)."""
+    hit = await coordinator.lookup(request.num_tokens, block_hashes(request.prompt))
+    return request, LAYOUT.align(request.num_tokens), hit
 
 
 async def scheduler_loop(

@@ -95,7 +95,7 @@ class FractionResponse(BaseModel):
 async def cached_fraction(body: FractionRequest, coordinator: CoordinatorDep) -> FractionResponse:
     """An app's own route on the shared coordinator: its lookups coalesce with the router's."""
     hashes = [bytes.fromhex(h) for h in body.block_hashes]
-    hit = await coordinator.lookup_request(body.num_tokens, hashes)
+    hit = await coordinator.lookup(body.num_tokens, hashes)
     return FractionResponse(cached_fraction=hit / body.num_tokens)
 
 

@@ -42,7 +42,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from aio_mclookup import (
@@ -79,6 +81,22 @@ class Done(BaseModel):
     backend: str
 
 
+def invalid(loc: Sequence[Any], msg: str, kind: str = "invalid_request") -> JSONResponse:
+    """A 422 in the library's shape: one problem, its location and a bounded message, never
+    the input (FastAPI's default handler echoes the input, the whole prompt included)."""
+    where = [part if isinstance(part, int) else str(part)[:64] for part in loc]
+    item = {"loc": where, "msg": msg[:300], "type": kind}
+    return JSONResponse({"detail": [item]}, status_code=422)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    return invalid(first.get("loc", ["body"]), str(first.get("msg", "invalid body")),
+                   str(first.get("type", "invalid_request")))
+
+
 def rendezvous(backends: Sequence[str], key: bytes) -> str:
     """The backend with the highest hash of (backend, key): stable while backends come and go."""
     return max(backends, key=lambda b: hashlib.blake2b(b.encode() + key, digest_size=8).digest())
@@ -103,10 +121,13 @@ def create_router_app(
         title="aio-mclookup router example",
         lifespan=lifespan,
     )
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.include_router(create_router(hasher=hasher))
 
     @app.post("/v1/route", response_model=RouteDecision)
-    async def route(body: RouteRequest, coordinator: CoordinatorDep) -> RouteDecision:
+    async def route(
+        body: RouteRequest, coordinator: CoordinatorDep
+    ) -> RouteDecision | JSONResponse:
         ids = body.prompt_token_ids
         options: dict[str, Any] = {}
         if body.cache_salt is not None:
@@ -115,9 +136,9 @@ def create_router_app(
             options.update(lora_name=body.model, lora_path=adapters[body.model])
         try:
             hashes = hasher.hash(ids, **options)
-            found = await coordinator.lookup_request(len(ids), hashes) if len(hashes) else 0
+            found = await coordinator.lookup(len(ids), hashes) if len(hashes) else 0
         except InvalidRequest as exc:
-            raise HTTPException(422, f"{exc.field or 'prompt_token_ids'}: {exc}") from exc
+            return invalid(["body", "prompt_token_ids"], str(exc))
         except Error:  # the store is down or slow: fail open, route as if nothing were cached
             found = 0
         if found >= threshold and found > 0:

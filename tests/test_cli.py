@@ -7,6 +7,7 @@ The end-to-end tests run small loads against a real ``mooncake_master`` on loopb
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import select
@@ -71,7 +72,7 @@ def _needs_mooncake() -> None:
     ("argv", "message"),
     [
         (["loadgen", "--preset", "nope"],
-         "unknown preset 'nope' (choose from chat, dsv4, sessions)"),
+         "unknown preset 'nope' (choose from chat, dsv4, sessions, sglang)"),
         (["loadgen", "--concurrency", "0"], "--concurrency must be >= 1, got 0"),
         (["loadgen", "--concurrency", "4,-2"], "--concurrency must be >= 1, got -2"),
         (["loadgen", "--concurrency", "four"], "--concurrency must be integers >= 1"),
@@ -644,3 +645,79 @@ def test_layout_command_refuses_a_bad_file(
     path.write_text(json.dumps({"model": "m", "vllm_version": "0.29"}))
     assert main(["layout", str(path)]) == 2
     assert "0.29" in capsys.readouterr().err
+
+
+def test_missing_mooncake_names_installs_that_exist(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aio_mclookup import _cli
+
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)  # import mooncake.store fails
+    code = _cli.main(["loadgen"])
+    err = capsys.readouterr().err
+    assert code == 2 and "mooncake-transfer-engine-non-cuda" in err, err
+    assert "aio-mclookup[" not in err  # not on PyPI: only a clone's extras
+
+
+@pytest.mark.parametrize(
+    ("latency_ms", "work"),
+    [
+        ((1.0, 1.6), ((1.0, 0.9, 60.0), (1.0, 1.0, 64.0))),  # narrow: under a decade each
+        ((0.3, 250.0), ((1.0, 0.053, 51.0), (1.0, 1.0, 181.0))),  # the chat sample's spread
+    ],
+)
+def test_png_ticks_are_readable_and_colours_mean_one_thing(
+    latency_ms: tuple[float, float], work: tuple[tuple[float, float, float], ...]
+) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    import aio_mclookup._loadgen.report as loadgen
+
+    layout = preset_layout("chat")
+    cfg = LoadgenConfig(layout, "preset chat", WorkloadSpec.for_layout(layout, sessions=3))
+    runs = []
+    for i, conc in enumerate((1, 16, 64)):
+        for mode, (_, rpcs, keys) in zip((COORDINATOR, NAIVE), work):
+            run = _run(mode, [16] * 50)
+            run.concurrency = conc
+            lo, hi = latency_ms
+            run.latencies = list(np.linspace(lo, hi, 50) / 1e3 * (1 + 0.01 * i))
+            per_lookup = rpcs / (i + 1) if mode == COORDINATOR else rpcs
+            run.rpcs, run.keys_sent = round(per_lookup * 50), round(keys * 50)
+            runs.append(run)
+    figures: list[Any] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt, "close", lambda fig=None: figures.append(fig))
+        assert loadgen.write_png(LoadgenReport(cfg, runs=runs), os.devnull) is None
+    fig = figures[0]
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax_lat, ax_tput, ax_work = fig.axes
+        for axis, (low, high) in ((ax_lat.xaxis, ax_lat.get_xlim()),
+                                  (ax_work.yaxis, ax_work.get_ylim())):
+            shown = [
+                (tick.get_loc(), tick.label1.get_window_extent(renderer))
+                for tick in axis.get_major_ticks()
+                if tick.label1.get_visible() and tick.label1.get_text()
+                and min(low, high) <= tick.get_loc() <= max(low, high)
+            ]
+            assert len(shown) >= 2, [loc for loc, _ in shown]
+            boxes = [box for _, box in shown]
+            for a, b in itertools.pairwise(boxes):
+                assert not a.overlaps(b), [loc for loc, _ in shown]
+            assert not [t for t in axis.get_minor_ticks() if t.label1.get_text()]
+        mode_colours = {to_rgba(c) for c in loadgen.MODE_COLOURS.values()}
+        for ax in (ax_tput, ax_work):
+            for line in ax.get_lines():
+                mode = COORDINATOR if COORDINATOR in line.get_label() else NAIVE
+                assert to_rgba(line.get_color()) == to_rgba(loadgen.MODE_COLOURS[mode])
+        assert not {to_rgba(line.get_color()) for line in ax_lat.get_lines()} & mode_colours
+    finally:
+        for f in figures:
+            plt.close(f)

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aio_mclookup as mcl
-from aio_mclookup import FakeStore, LookupCoordinator
+from aio_mclookup import FakeStore
 from aio_mclookup._coordinator.core import _COLD_SHIFT
 from aio_mclookup._plan.plan import LookupPlan
 from helpers import chain
-from v026_layouts import KVLayout  # these tests pin vLLM 0.26's rules
+from v026_layouts import KVLayout, LookupCoordinator  # these tests pin vLLM 0.26's rules
 
 CASES = [
     json.loads(line)

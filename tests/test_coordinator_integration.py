@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import aio_mclookup as mcl
-from aio_mclookup import LocalMaster, LookupCoordinator, MooncakeStore, StoreWriter
+from aio_mclookup import LocalMaster, MooncakeStore, StoreWriter
 from helpers import chain, gather
-from v026_layouts import KVLayout  # these tests pin vLLM 0.26's rules
+from v026_layouts import KVLayout, LookupCoordinator  # these tests pin vLLM 0.26's rules
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -15,6 +15,15 @@ Conventions, for whoever writes a page:
   ``async def main(master: str, metadata: str)`` runs against the suite's master).
 * **Printed values.** A ``print(...)`` whose line ends in a comment must print the start of
   that comment: ``print(len(plan.keys))   # 6: three chunks`` must print ``6``.
+* **Answers are checked against vLLM.** Every ``LookupCoordinator.lookup`` /
+  ``lookup_result`` a page makes is compared with the literal reference port of the layout's
+  release (``aio_mclookup._reference``) on the store's answers: ``lookup`` must give vLLM's
+  scheduler's count, ``lookup_result`` the worker's reply. And a documented print of a call
+  ``print(await f(num_tokens, ...))  # 1152`` that makes a lookup must print vLLM's scheduler's
+  count for a request of ``num_tokens`` tokens (with the hashes and layout of that lookup): a
+  recipe that computes something else fails, whatever its comment says. Likewise a page's own
+  ``layout.plan(n, hashes)``: its keys and every ``resolve`` / ``resolve_result`` of it are
+  compared with the reference port's on the same answers.
 * **``<!-- not-run: reason -->``** on the line right before a fence skips that block (a
   signature with its defaults, a fragment). Use it sparingly: a block that cannot run is a
   block a reader cannot copy.
@@ -194,15 +203,208 @@ def _print_comments(block: Block, tree: ast.Module) -> dict[tuple[int, int], str
     for tok in tokenize.generate_tokens(lines):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    return {span: comments[span[1]] for span in _prints(tree) if span[1] in comments}
+
+
+def _prints(tree: ast.Module) -> dict[tuple[int, int], ast.Call]:
+    """``(first line, last line)`` of each ``print(...)`` call -> the call."""
+    return {
+        (node.lineno, node.end_lineno or node.lineno): node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "print"
+    }
+
+
+async def vllm_answer(
+    layout: Any, store: Any, num_tokens: int, hashes: Any, *, worker: bool = False
+) -> Any:
+    """The oracle: vLLM's answer for a request of ``num_tokens`` tokens, by the literal
+    reference port of the layout's release on the store's answers. ``worker``: the worker's
+    reply (a result with ``hit_length``) for the length the scheduler sends it; else the
+    scheduler's count (an int)."""
+    from aio_mclookup._reference.v026 import BaselineLookup
+    from aio_mclookup._reference.v033 import BaselineLookupV033
+
+    async def exists(keys: list[str] | list[bytes]) -> list[int]:
+        out: list[int] = []
+        for start in range(0, len(keys), 1000):
+            out += await store.batch_is_exist(keys[start : start + 1000])
+        return out
+
+    from aio_mclookup import SGLangLayout
+
+    if isinstance(layout, SGLangLayout):  # (no vLLM port: the plan over every key, as
+        # SGLang's ranks ask; check_sglang.py checks that rule against SGLang's own code)
+        plan = layout.plan(num_tokens, hashes)
+        hit = plan.resolve(await exists(plan.keys)) if plan.keys else 0
+        return types.SimpleNamespace(hit_length=hit, tail_key_boundaries=()) if worker else hit
+    rows = [bytes(h) for h in hashes]
+    config = {k: v for k, v in layout.to_dict().items() if k != "hash_bytes"}  # (checked)
+
+    if layout.vllm_version == "0.26.0":  # the scheduler aligns, the worker looks up, then -1
+        ref26 = BaselineLookup(config)
+        block = layout.scheduler_block_size
+        token_len = max(num_tokens, 0) // block * block
+        keys, meta = ref26.build_keys(token_len, rows)
+        hit = ref26.resolve(token_len, rows, meta, await exists(keys)) if keys else 0
+        if worker:
+            return types.SimpleNamespace(hit_length=hit, tail_key_boundaries=())
+        return max(0, (num_tokens - 1) // block * block) if hit == num_tokens else hit
+    ref = BaselineLookupV033(config)  # 0.32+: the worker aligns and leaves a token itself
+    keys, meta = ref.build_keys(num_tokens, rows)
+    result = ref.resolve(num_tokens, rows, meta, await exists(keys)) if keys else None
+    if worker:
+        return result if result is not None else types.SimpleNamespace(
+            hit_length=0, tail_key_boundaries=()
+        )
+    return 0 if result is None else result.hit_length
+
+
+@dataclass
+class _Oracle:
+    """Checks a page's lookups while it runs (see the module docstring)."""
+
+    filename: str
+    prints: dict[tuple[int, int], ast.expr]  # documented prints -> their first call argument
+    expected: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    answered: list[tuple[int, str, int]] = field(default_factory=list)
+    checked: int = 0
+
+    def printed(self, line: int, out: str) -> None:
+        """A print ran: if lookups ran for it, vLLM's answer of the last is what it must say."""
+        for span in self.prints:
+            if span[0] <= line <= span[1] and self.expected.get(span):
+                self.answered.append((span[0], out, self.expected.pop(span)[-1]))
+
+    def _documented(self) -> list[tuple[tuple[int, int], Any]]:
+        """The documented prints the current lookup runs under, with their frame."""
+        out = []
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == self.filename:
+                for span in self.prints:
+                    if span[0] <= frame.f_lineno <= span[1]:
+                        out.append((span, frame))
+            frame = frame.f_back
+        return out
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        from aio_mclookup._coordinator.shell import LookupCoordinator
+
+        lookup, lookup_result = LookupCoordinator.lookup, LookupCoordinator.lookup_result
+        oracle = self
+
+        async def check(coord: Any, call: Any, n: Any, hashes: Any, kw: Any, worker: bool) -> Any:
+            documented = oracle._documented()
+            got = await call(coord, n, hashes, **kw)
+            layout = kw.get("layout") or coord.layout
+            want = await vllm_answer(layout, coord.store, n, hashes, worker=worker)
+            if worker:
+                assert (got.hit_length, tuple(got.tail_key_boundaries)) == (
+                    want.hit_length,
+                    tuple(want.tail_key_boundaries),
+                ), f"{oracle.filename}: lookup_result({n}, ...) gave {got}, vLLM {want}"
+            else:
+                assert got == want, f"{oracle.filename}: lookup({n}, ...) gave {got}, vLLM {want}"
+            oracle.checked += 1
+            for span, frame in documented:
+                expr = ast.Expression(oracle.prints[span])
+                code = compile(expr, oracle.filename, "eval")
+                asked = eval(code, frame.f_globals, frame.f_locals)
+                answer = await vllm_answer(layout, coord.store, asked, hashes)
+                oracle.expected.setdefault(span, []).append(answer)
+            return got
+
+        async def checked_lookup(self: Any, n: Any, hashes: Any, **kw: Any) -> Any:
+            return await check(self, lookup, n, hashes, kw, False)
+
+        async def checked_result(self: Any, n: Any, hashes: Any, **kw: Any) -> Any:
+            return await check(self, lookup_result, n, hashes, kw, True)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(LookupCoordinator, "lookup", checked_lookup)
+            mp.setattr(LookupCoordinator, "lookup_request", checked_lookup)
+            mp.setattr(LookupCoordinator, "lookup_result", checked_result)
+            self._patch_plans(mp)
+            yield
+
+    def _patch_plans(self, mp: pytest.MonkeyPatch) -> None:
+        """A page's own ``layout.plan(n, hashes)``: its keys, and every ``resolve`` /
+        ``resolve_result`` of it, are compared with the reference port's on the same answers."""
+        from aio_mclookup._layout.layout import KVLayout
+        from aio_mclookup._plan.era_c import EraCPlan
+        from aio_mclookup._plan.plan import LookupPlan
+
+        oracle, plans = self, {}
+        plan = KVLayout.plan
+
+        def from_page() -> bool:
+            return sys._getframe(2).f_code.co_filename == oracle.filename
+
+        def recording_plan(layout: Any, n: Any, hashes: Any) -> Any:
+            made = plan(layout, n, hashes)
+            if from_page():
+                plans[id(made)] = (made, layout, n, hashes)
+            return made
+
+        def checked(cls: type, name: str) -> Any:
+            original = getattr(cls, name)
+
+            def method(made: Any, answers: Any) -> Any:
+                got = original(made, answers)
+                entry = plans.get(id(made))
+                if entry is not None and entry[0] is made and from_page():
+                    oracle._check_plan(*entry[1:], answers, got, name == "resolve")
+                return got
+
+            return method
+
+        mp.setattr(KVLayout, "plan", recording_plan)
+        for cls in (LookupPlan, EraCPlan):
+            for name in ("resolve", "resolve_result"):
+                if name in cls.__dict__:
+                    mp.setattr(cls, name, checked(cls, name))
+
+    def _check_plan(
+        self, layout: Any, n: int, hashes: Any, answers: Any, got: Any, bare: bool
+    ) -> None:
+        from aio_mclookup._reference.v026 import BaselineLookup
+        from aio_mclookup._reference.v033 import BaselineLookupV033
+
+        config = {k: v for k, v in layout.to_dict().items() if k != "hash_bytes"}
+        rows = [bytes(h) for h in hashes]
+        old = layout.vllm_version == "0.26.0"
+        ref: Any = BaselineLookup(config) if old else BaselineLookupV033(config)
+        keys, meta = ref.build_keys(n, rows)
+        ours = [k.decode() if isinstance(k, bytes) else k for k in layout.plan(n, hashes).keys]
+        assert ours == keys, f"{self.filename}: plan({n}, ...).keys differ from vLLM's"
+        if answers is None or not keys:
+            want_hit, want_bounds = 0, ()
+        else:
+            want = ref.resolve(n, rows, meta, list(answers))
+            want_hit = want if old else want.hit_length
+            want_bounds = () if old else tuple(want.tail_key_boundaries)
+        if bare:
+            assert got == want_hit, f"{self.filename}: plan.resolve gave {got}, vLLM {want_hit}"
+        else:
+            pair = (got.hit_length, tuple(got.tail_key_boundaries))
+            assert pair == (want_hit, want_bounds), f"{self.filename}: {got}, vLLM {want_hit}"
+        self.checked += 1
+
+
+def _print_calls(tree: ast.Module) -> dict[tuple[int, int], ast.expr]:
+    """``(first line, last line)`` of each ``print(f(n, ...))`` / ``print(await f(n, ...))``
+    -> the expression ``n``."""
     out = {}
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "print"
-            and node.end_lineno in comments
-        ):
-            out[(node.lineno, node.end_lineno or node.lineno)] = comments[node.end_lineno or 0]
+    for span, node in _prints(tree).items():
+        arg = node.args[0] if len(node.args) == 1 else None
+        if isinstance(arg, ast.Await):
+            arg = arg.value
+        if isinstance(arg, ast.Call) and arg.args:
+            out[span] = arg.args[0]
     return out
 
 
@@ -245,9 +447,9 @@ def run_python_page(page: Path, get_master: Callable[[], Any]) -> None:
     ) -> None:
         caller = sys._getframe(1)
         if file is None and caller.f_code.co_filename == filename:
-            printed.append(
-                (caller.f_lineno, (sep if sep is not None else " ").join(map(str, args)))
-            )
+            out = (sep if sep is not None else " ").join(map(str, args))
+            printed.append((caller.f_lineno, out))
+            oracle.printed(caller.f_lineno, out)
         builtins.print(*args, sep=sep, end=end, file=file, flush=flush)
 
     module = types.ModuleType(f"docs_{page.stem.replace('-', '_')}")
@@ -259,27 +461,14 @@ def run_python_page(page: Path, get_master: Callable[[], Any]) -> None:
         master = get_master()
         ns.update(master=master.master_address, metadata=master.metadata_server)
     sys.modules[module.__name__] = module  # dataclasses and pickling look modules up
+    documented = {}
+    for b, tree in zip(runnable, trees, strict=True):
+        calls = _print_calls(tree)
+        documented.update({span: calls[span] for span in _print_comments(b, tree) if span in calls})
+    oracle = _Oracle(filename, documented)
     try:
-        for b, code in zip(runnable, codes, strict=True):
-            try:
-                if code.co_flags & inspect.CO_COROUTINE:  # top-level await
-                    asyncio.run(asyncio.wait_for(eval(code, ns), 120))
-                else:
-                    exec(code, ns)
-            except Exception as exc:
-                pytest.fail(f"{b.where}: the block raised\n{_traceback_in(page, exc)}")
-        main = ns.get("main")
-        text = "".join(b.code for b in runnable)
-        if inspect.iscoroutinefunction(main) and not re.search(
-            r"(asyncio\.run|await)\s*\(?\s*main\(", text
-        ):
-            params = inspect.signature(main).parameters
-            missing = [p for p in params if p not in ns]
-            assert not missing, f"{filename}: main() asks for {missing}, which nothing provides"
-            try:
-                asyncio.run(asyncio.wait_for(main(**{p: ns[p] for p in params}), 120))
-            except Exception as exc:
-                pytest.fail(f"{filename}: main() raised\n{_traceback_in(page, exc)}")
+        with oracle.patched():
+            _run_blocks(page, runnable, codes, ns)
     finally:
         sys.modules.pop(module.__name__, None)
     for b, tree in zip(runnable, trees, strict=True):
@@ -291,6 +480,35 @@ def run_python_page(page: Path, get_master: Callable[[], Any]) -> None:
                     comment.startswith(out) and comment[len(out)] in " :;,(" and out != ""
                 )
                 assert ok, f"{filename}:{first}: printed {out!r}, but the comment says # {comment}"
+    for first, out, answer in oracle.answered:  # documented lookup answers: vLLM's
+        assert out == str(answer), (
+            f"{filename}:{first}: printed {out!r}, but vLLM's scheduler counts {answer} for "
+            "that request"
+        )
+
+
+def _run_blocks(page: Path, runnable: list[Block], codes: list[Any], ns: dict[str, Any]) -> None:
+    filename = _rel(page)
+    for b, code in zip(runnable, codes, strict=True):
+        try:
+            if code.co_flags & inspect.CO_COROUTINE:  # top-level await
+                asyncio.run(asyncio.wait_for(eval(code, ns), 120))
+            else:
+                exec(code, ns)
+        except Exception as exc:
+            pytest.fail(f"{b.where}: the block raised\n{_traceback_in(page, exc)}")
+    main = ns.get("main")
+    text = "".join(b.code for b in runnable)
+    if inspect.iscoroutinefunction(main) and not re.search(
+        r"(asyncio\.run|await)\s*\(?\s*main\(", text
+    ):
+        params = inspect.signature(main).parameters
+        missing = [p for p in params if p not in ns]
+        assert not missing, f"{filename}: main() asks for {missing}, which nothing provides"
+        try:
+            asyncio.run(asyncio.wait_for(main(**{p: ns[p] for p in params}), 120))
+        except Exception as exc:
+            pytest.fail(f"{filename}: main() raised\n{_traceback_in(page, exc)}")
 
 
 # ---------------------------------------------------------------------------- bash commands
@@ -668,3 +886,93 @@ def test_harness_refuses_commands_that_would_not_work(tmp_path: Path) -> None:
         with pytest.raises((AssertionError, pytest.fail.Exception), match=message):
             check(text)
     check("pip wheel . -w dist && pip install 'dist/aio_mclookup-0.1.0-py3-none-any.whl[cpu]'")
+
+
+def test_harness_checks_documented_lookup_answers_against_vllm(tmp_path: Path) -> None:
+    """The 0.26 recipe (align, look up, leave one token) on a 0.33 layout is one block low for
+    a whole-prefix hit: a page documenting its answer fails, even with a matching comment."""
+    head = (
+        "```python\nimport aio_mclookup as mcl\n"
+        "layout = mcl.KVLayout([mcl.FullAttention(16)], model='m', hash_block_size=16,\n"
+        "                      scheduler_block_size=16)\n"
+        "hashes = [bytes([i]) * 32 for i in range(72)]\n"
+        "store = mcl.FakeStore(layout.plan(1152, hashes).keys)\n\n"
+        "async def cached(n, h):\n"
+        "    async with mcl.LookupCoordinator(layout, store) as c:\n"
+    )
+    right = head + "        return await c.lookup(n, h)\n\n"
+    right += "print(await cached(1160, hashes))  # 1152\n```\n"
+    run_python_page(_page(tmp_path, right), _no_master)
+    wrong = head + (
+        "        return layout.leave_one_token(await c.lookup(layout.align(n), h), n)\n\n"
+        "print(await cached(1160, hashes))  # 1136\n```\n"
+    )
+    with pytest.raises(AssertionError, match=r"page.md:12: printed .1136., but vLLM.s sched"):
+        run_python_page(_page(tmp_path, wrong), _no_master)
+
+
+def _section(page: str, name: str) -> str:
+    return page.split(f"<!-- {name}:start -->")[1].split(f"<!-- {name}:end -->")[0]
+
+
+def test_benchmarks_summary_states_the_figures_of_its_sections() -> None:
+    """The summary table's ratios are those of the tables the scripts wrote (rerunning a
+    benchmark changes them: update the summary with it)."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    summary = page.split("<!--", 1)[0]
+    ratios = {
+        row.split("|")[1].strip(): re.findall(r"\*\*([\d.]+x)\*\*", row)[-1]
+        for row in _section(page, "bench_coalesce").splitlines()
+        if row.startswith("|") and "| coordinator |" in row
+    }
+    rows = {line.split("|")[1].strip(): line for line in summary.splitlines() if "|" in line}
+
+    def row(start: str) -> str:
+        return next(text for name, text in rows.items() if name.startswith(start))
+
+    assert f"**{ratios['chat']}**" in row("chat:") and ratios["chat-0.33"] in row("chat:")
+    assert ratios["chat-single"] in row("the same chat prompts, one caller")
+    dsv4 = row("DeepSeek-V4-like (4 groups")
+    assert all(ratios[k] in dsv4 for k in ("dsv4", "dsv4-single", "dsv4-0.33"))
+    assert ratios["sessions"] in row("multi-turn sessions")
+    assert f"{ratios['chat-burst']} / {ratios['dsv4-burst']}" in row("cold bursts")
+    loadgen = _section(page, "bench_loadgen")
+    savings = re.findall(r"^saving at concurrency \d+: ([\d.]+x)", loadgen, re.M)
+    assert ", ".join(savings) in row("the load generator's default run"), savings
+    low, high = min(savings, key=lambda r: float(r[:-1])), max(savings, key=lambda r: float(r[:-1]))
+    assert f"shows {low[:-1]}-{high} where the chat row shows {ratios['chat']}" in summary
+
+
+def test_loadgen_prose_states_the_ratios_of_its_samples() -> None:
+    page = (ROOT / "docs" / "loadgen.md").read_text()
+    chat = re.findall(r"^saving at concurrency (\d+): ([\d.]+)x", page, re.M)[:4]
+    said = ", ".join(f"{r}x (c={c})" for c, r in chat[:3]) + f" and {chat[3][1]}x (c={chat[3][0]})"
+    assert said in page.replace("\n  ", " "), said
+    dsv4 = page.split("--preset dsv4 -c 1,16,64")[1].split("```text")[1].split("```")[0]
+    row = r"^\w[\w-]+ +\d+ +[\d,]+ +\d+ +([\d,]+)"
+    rates = [int(m.replace(",", "")) for m in re.findall(row, dsv4, re.M)]
+    pairs = [f"{rates[i] / rates[i + 1]:.1f}x" for i in range(0, len(rates), 2)]
+    assert f"dsv4 {pairs[0]}, {pairs[1]} and {pairs[2]} (c=1, 16," in page.replace("\n  ", " ")
+
+
+def test_harness_checks_a_pages_plans_against_the_reference_ports(tmp_path: Path) -> None:
+    """A page's plan keys and ``resolve`` answers are compared with vLLM's (the ports): a
+    wrong answer fails even when the comment repeats it."""
+    from aio_mclookup._plan.era_c import EraCPlan
+
+    page = _page(
+        tmp_path,
+        "```python\nimport aio_mclookup as mcl\n"
+        "layout = mcl.KVLayout([mcl.FullAttention(16)], model='m', hash_block_size=16,\n"
+        "                      scheduler_block_size=16)\n"
+        "plan = layout.plan(64, [b'h%d' % i for i in range(4)])\n"
+        "print(plan.resolve([1, 1, 1, 1]))  # 48\n"
+        "print(plan.resolve_result([1, 1, 0, 0]).hit_length)  # 32\n```\n",
+    )
+    run_python_page(page, _no_master)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EraCPlan, "resolve", lambda self, answers: 64)  # a wrong hit rule
+        wrong = _page(tmp_path, page.read_text().replace("# 48", "# 64"))
+        message = r"(?s)page.md:6: .*plan\.resolve gave 64, vLLM 48"
+        with pytest.raises(pytest.fail.Exception, match=message):
+            run_python_page(wrong, _no_master)

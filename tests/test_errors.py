@@ -52,3 +52,28 @@ def test_a_layout_error_names_the_field() -> None:
         mcl.KVLayout([mcl.FullAttention(16)], model="m", hash_block_size=0,
                      scheduler_block_size=16)
     assert info.value.field == "hash_block_size"
+
+
+def test_a_failed_rpc_says_its_code_once() -> None:
+    """A store whose RPC fails as Mooncake's does (every key the same negative code): the
+    caller's error names the code's meaning and its number, each once."""
+    import asyncio
+
+    from aio_mclookup._store.codes import raise_if_failed_rpc
+
+    class Failing(mcl.FakeStore):
+        async def batch_is_exist(self, keys):  # type: ignore[no-untyped-def, override]
+            raise_if_failed_rpc("batch_is_exist", [-900] * len(keys))
+
+    layout = mcl.KVLayout([mcl.FullAttention(16)], model="m", hash_block_size=16,
+                          scheduler_block_size=16)
+
+    async def run() -> str:
+        async with mcl.LookupCoordinator(layout, Failing()) as coordinator:
+            with pytest.raises(mcl.StoreError) as info:
+                await coordinator.lookup(64, [bytes([i]) * 32 for i in range(4)])
+        assert info.value.code == -900
+        return str(info.value)
+
+    message = asyncio.run(run())
+    assert message.count("-900") == 1 and message.count("RPC_FAIL") == 1, message

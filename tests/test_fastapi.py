@@ -27,6 +27,7 @@ from helpers import stop_process
 pytest.importorskip("fastapi")
 
 import httpx
+import numpy as np
 from fastapi import FastAPI
 
 from aio_mclookup import BlockHasher, FakeStore, FullAttention, KVLayout, LookupCoordinator
@@ -117,17 +118,19 @@ async def test_lookup_hex_b64_and_batch() -> None:
         assert r.json() == {"hit_tokens": []}
 
 
-async def test_hex_hashes_of_mixed_widths_are_read_one_by_one() -> None:
+async def test_hex_hashes_of_mixed_widths_are_read_one_by_one_and_refused() -> None:
     """Widths that differ but join to a multiple of the first one's must not be re-cut into
-    rows of that width: each hash keeps its own bytes (and so its own key)."""
-    store = FakeStore()
+    rows of that width: each hash keeps its own bytes; and a request of mixed widths is a 422
+    (no engine writes such keys), not a lookup of nothing."""
+    from aio_mclookup.fastapi._decode import _decode_hex
+
     hashes = [b"\xaa\xbb", b"\xcc", b"\xdd\xee\xff"]  # 6 bytes: three rows of 2 would fit
-    store.add(vllm_key("toy-model", h) for h in hashes)
-    async with serve(fake_app(store)) as client:
+    assert _decode_hex([h.hex() for h in hashes], ["body"], 100) == hashes
+    rows = _decode_hex(["aabb", "ccdd"], ["body"], 100)
+    assert isinstance(rows, np.ndarray) and rows.tolist() == [[0xAA, 0xBB], [0xCC, 0xDD]]
+    async with serve(fake_app(FakeStore())) as client:
         r = await client.post("/v1/lookup", json=body(32, hashes))
-        assert r.status_code == 200 and r.json() == {"hit_tokens": 32}
-        r = await client.post("/v1/lookup", json=body(32, [b"\xaa\xbb", b"\xcc\xdd"]))
-        assert r.status_code == 200 and r.json() == {"hit_tokens": 16}  # (one width: rows)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "block_hashes"]
 
 
 async def test_concurrent_requests_share_rpcs() -> None:

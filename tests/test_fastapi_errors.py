@@ -40,7 +40,7 @@ def app_raising(exc: Error, **router: Any) -> Any:
         async def __aenter__(self) -> Any:
             state = await self.cm.__aenter__()
             coordinator = state["aio_mclookup_coordinator"]
-            coordinator.lookup = fail
+            coordinator.lookup = coordinator.lookup_result = fail
             return state
 
         async def __aexit__(self, *exc_info: Any) -> Any:

@@ -5,6 +5,7 @@ and the text it renders (no FastAPI needed)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import sys
@@ -231,6 +232,12 @@ aio_mclookup_requested_tokens_total 0
 # TYPE aio_mclookup_errors_total counter
 aio_mclookup_errors_total{code="-900"} 2
 aio_mclookup_errors_total{code="timeout"} 1
+# HELP aio_mclookup_model_lookups_total Lookups answered, by the layout's model name.
+# TYPE aio_mclookup_model_lookups_total counter
+# HELP aio_mclookup_model_hit_tokens_total Prefix-hit tokens returned by lookups, by the layout's model name.
+# TYPE aio_mclookup_model_hit_tokens_total counter
+# HELP aio_mclookup_model_requested_tokens_total Tokens asked about by lookups, by the layout's model name.
+# TYPE aio_mclookup_model_requested_tokens_total counter
 # HELP aio_mclookup_pending_lookups Lookups waiting for or inside an RPC.
 # TYPE aio_mclookup_pending_lookups gauge
 aio_mclookup_pending_lookups 2
@@ -514,3 +521,30 @@ def test_histogram_quantile_is_an_upper_bound_from_the_buckets() -> None:
         assert estimate in stats.lookup_seconds.buckets
     with pytest.raises(ValueError, match="q must be"):
         hist.quantile(1.5)
+
+
+def test_a_coordinator_serving_two_models_labels_their_lookups() -> None:
+    """A multi-model router's lookups, by model: ``model_*_total{model=...}``."""
+    chat = KVLayout([FullAttention(16)], model="org/chat", hash_block_size=16,
+                    scheduler_block_size=16)
+    code = KVLayout([FullAttention(16)], model="org/code", hash_block_size=16,
+                    scheduler_block_size=16, vllm_version="0.26")
+    hashes = [bytes([i]) * 32 for i in range(4)]
+    store = FakeStore(chat.plan(64, hashes).keys)
+
+    async def run() -> str:
+        async with LookupCoordinator(chat, store) as coordinator:
+            assert await coordinator.lookup(80, hashes) == 64
+            assert await coordinator.lookup(64, hashes, layout=code) == 0
+            assert (await coordinator.lookup_result(64, hashes, layout=code)).hit_length == 0
+            return prometheus_text(coordinator.stats())
+
+    lines = asyncio.run(run()).splitlines()
+    for sample in (
+        'aio_mclookup_model_lookups_total{model="org/chat"} 1.0',
+        'aio_mclookup_model_lookups_total{model="org/code"} 2.0',
+        'aio_mclookup_model_hit_tokens_total{model="org/chat"} 64.0',
+        'aio_mclookup_model_requested_tokens_total{model="org/chat"} 80.0',
+        'aio_mclookup_model_requested_tokens_total{model="org/code"} 128.0',
+    ):
+        assert sample in lines, sample

@@ -149,3 +149,26 @@ async def test_the_documented_command_serves_decisions(local_master: Any, tmp_pa
             assert r.json()["backend"] in BACKENDS
     finally:
         await stop_process(proc)
+
+
+async def test_router_422s_never_echo_the_input() -> None:
+    from aio_mclookup import FakeStore
+
+    app = router_example.create_router_app(
+        LAYOUT, coordinator_lifespan(LAYOUT, FakeStore()), backends=BACKENDS, hasher=HASHER
+    )
+    marker = "SECRET-PROMPT-TEXT"
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            for body in (
+                openai_body([1, 2, marker, *range(5000)]),  # type: ignore[list-item]
+                {"model": marker * 100, "prompt_token_ids": [1, 2, 3]},
+                openai_body(list(range(40)), cache_salt=12345),
+                openai_body([-5, *range(40)]),  # refused by the hasher (InvalidRequest)
+            ):
+                r = await client.post("/v1/route", json=body)
+                assert r.status_code == 422, r.text
+                assert marker not in r.text and len(r.content) < 600, r.text
+                (item,) = r.json()["detail"]
+                assert item["loc"][0] == "body" and item["msg"] and "input" not in item

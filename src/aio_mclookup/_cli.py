@@ -416,13 +416,13 @@ def _quiet_fd2(log_path: str | None) -> Iterator[tuple[TextIO, str]]:
 def _loadgen(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ._loadgen.report import format_summary, report_unavailable, write_json, write_png
     from ._loadgen.run import run_loadgen
+    from ._store.pool import MOONCAKE_INSTALL
 
     try:
         import mooncake.store  # noqa: F401
     except ImportError:
         parser.error(
-            "the Mooncake client is not installed: pip install 'aio-mclookup[cpu]' "
-            "(or mooncake-transfer-engine on GPU hosts)"
+            f"the Mooncake client is not installed: {MOONCAKE_INSTALL}"
         )
     try:
         cfg = _config(args, sys.stderr)

@@ -279,7 +279,7 @@ def _demo_keys(args: argparse.Namespace, settings: Any) -> Iterator[None]:
 
     async def expected() -> int:
         async with LookupCoordinator(layout, FakeStore(stored)) as coordinator:
-            hit: int = await coordinator.lookup_request(_DEMO_TOKENS, hashes)
+            hit: int = await coordinator.lookup(_DEMO_TOKENS, hashes)
             return hit
 
     stack = contextlib.ExitStack()  # (the request file, removed at the end)

@@ -645,8 +645,10 @@ class CoordinatorCore:
         if self.options.on_error == "absent":
             self._answer(subscribers, 0.0)
             return
+        if code is not None and f"code {code}" not in why:  # (the store's text may say it)
+            why = f"{why} (code {code})"
         for lookup, _ in self._subscribed(subscribers):
-            self.fail(lookup, StoreError(f"{why} (code {code})", code=code))
+            self.fail(lookup, StoreError(why, code=code))
 
     def settle_rpc(
         self,

@@ -64,11 +64,12 @@ DEFAULT = _Default()
 class LookupCoordinator:
     """Answer many concurrent prefix lookups with shared, deduplicated store RPCs.
 
-    ``await coordinator.lookup(token_len, block_hashes)`` returns exactly what
-    ``layout.plan(token_len, block_hashes).resolve(answers)`` gives on the store's answers.
-    ``layout=`` per call takes another :class:`KVLayout` or an :class:`SGLangLayout` (its page
-    hashes instead of block hashes), all in the same rounds and RPCs. The coordinator uses the
-    store but does not open or close it.
+    ``await coordinator.lookup(num_tokens, block_hashes)`` returns the engine's scheduler's
+    count for a request of ``num_tokens`` tokens, on the store's answers; ``lookup_result`` the
+    worker's whole reply (see each method). ``layout=`` per call takes another
+    :class:`KVLayout` or an :class:`SGLangLayout` (its page hashes instead of block hashes),
+    all in the same rounds and RPCs. The coordinator uses the store but does not open or close
+    it.
 
     Options come as a :class:`CoordinatorOptions` (``options=``) or as its fields by keyword
     (``timeout=0.5``); see :class:`CoordinatorOptions` and ``docs/coordinator.md``.
@@ -202,57 +203,59 @@ class LookupCoordinator:
     # --------------------------------------------------------------------------- lookups
     async def lookup(
         self,
-        token_len: int,
-        block_hashes: HashInput,
-        *,
-        layout: KVLayout | SGLangLayout | None = None,
-        timeout: float | _Default | None = DEFAULT,
-    ) -> int:
-        """The prefix hit, in tokens, of one request: what the layout's vLLM release's worker
-        answers for ``token_len`` (see :meth:`KVLayout.plan`) on the store's answers; for an
-        :class:`SGLangLayout`, SGLang's L3 hit of a ``token_len``-token request from its page
-        hashes (see :meth:`SGLangLayout.plan`).
-
-        ``layout`` lets one coordinator serve several models and engines; ``timeout``
-        overrides the coordinator's for this call (None: no bound).
-        """
-        state = await self._lookup(self._plan(layout, token_len, block_hashes), timeout)
-        return state.hit
-
-    async def lookup_result(
-        self,
-        n: int,
-        block_hashes: HashInput,
-        *,
-        layout: KVLayout | SGLangLayout | None = None,
-        timeout: float | _Default | None = DEFAULT,
-    ) -> LookupResult:
-        """vLLM's whole lookup result (hit and, vLLM 0.32+, tail-key boundaries), as
-        :meth:`LookupPlan.resolve_result` gives it on the store's answers; ``n`` as for
-        :meth:`lookup`."""
-        state = await self._lookup(self._plan(layout, n, block_hashes), timeout)
-        result = state.state.result
-        assert result is not None
-        return result
-
-    async def lookup_request(
-        self,
         num_tokens: int,
         block_hashes: HashInput,
         *,
         layout: KVLayout | SGLangLayout | None = None,
         timeout: float | _Default | None = DEFAULT,
     ) -> int:
-        """How many tokens of a request of ``num_tokens`` tokens vLLM's scheduler counts as
-        found in the store: on vLLM 0.26 it aligns the length, looks up and leaves one token
-        to compute; on 0.32+ (and SGLang) it takes the lookup's answer for ``num_tokens``.
-        What a router wants."""
+        """How many tokens of a request of ``num_tokens`` tokens the engine's scheduler counts
+        as found in the store, for the layout's release: on vLLM 0.32+ the worker's answer for
+        ``num_tokens`` (it aligns and leaves a token to compute itself); on vLLM 0.26 the
+        worker's answer for the aligned length (:meth:`KVLayout.align`), lowered by the
+        scheduler's leave-one-token rule (:meth:`KVLayout.leave_one_token`); for an
+        :class:`SGLangLayout`, SGLang's L3 hit from the request's page hashes
+        (:meth:`SGLangLayout.plan`). What a scheduler or router wants; ``num_tokens`` need not
+        be aligned.
+
+        ``layout`` lets one coordinator serve several models and engines; ``timeout``
+        overrides the coordinator's for this call (None: no bound).
+        """
         layout = self._layout_or_default(layout)
-        n = integer("num_tokens", num_tokens)
-        if isinstance(layout, KVLayout) and layout.vllm_version == "0.26.0":
-            hit = await self.lookup(layout.align(n), block_hashes, layout=layout, timeout=timeout)
-            return layout.leave_one_token(hit, n)
-        return await self.lookup(n, block_hashes, layout=layout, timeout=timeout)
+        plan, legacy = _request_plan(layout, num_tokens, block_hashes)
+        hit = (await self._lookup(plan, timeout)).hit
+        self._stats.count_model(_model_of(layout), plan.token_len, hit)
+        if legacy:
+            assert isinstance(layout, KVLayout)
+            return layout.leave_one_token(hit, num_tokens)
+        return hit
+
+    async def lookup_result(
+        self,
+        num_tokens: int,
+        block_hashes: HashInput,
+        *,
+        layout: KVLayout | SGLangLayout | None = None,
+        timeout: float | _Default | None = DEFAULT,
+    ) -> LookupResult:
+        """The worker's reply to the lookup of the same request as :meth:`lookup`, whole:
+        :meth:`LookupPlan.resolve_result` on the store's answers. On vLLM 0.32+ (and SGLang)
+        its ``hit_length`` is :meth:`lookup`'s answer, and on vLLM it carries the tail-key
+        boundaries. On vLLM 0.26 it is the worker's reply for the aligned length (no
+        boundaries), before the scheduler's rule: ``lookup(n) ==
+        layout.leave_one_token(result.hit_length, n)`` on every vLLM release (that rule is
+        the identity on 0.32+).
+        """
+        layout = self._layout_or_default(layout)
+        plan, _ = _request_plan(layout, num_tokens, block_hashes)
+        state = await self._lookup(plan, timeout)
+        result = state.state.result
+        assert result is not None
+        self._stats.count_model(_model_of(layout), plan.token_len, state.hit)
+        return result
+
+    lookup_request = lookup
+    """A plain alias of :meth:`lookup` (its former name)."""
 
     def _layout_or_default(
         self, layout: KVLayout | SGLangLayout | None
@@ -265,11 +268,6 @@ class LookupCoordinator:
                 field="layout",
             )
         return layout
-
-    def _plan(
-        self, layout: KVLayout | SGLangLayout | None, n: int, block_hashes: HashInput
-    ) -> LookupPlan:
-        return self._layout_or_default(layout).plan(n, block_hashes)  # raises InvalidRequest
 
     async def _lookup(self, plan: LookupPlan, timeout: float | _Default | None) -> LookupState:
         """Admit, probe and resolve one plan, with the lookup-level statistics; cleans up
@@ -563,3 +561,22 @@ class LookupCoordinator:
         stats.last_rpc_ok_age = None if last_ok is None else time.monotonic() - last_ok
         return stats.snapshot()
 
+
+
+def _request_plan(
+    layout: KVLayout | SGLangLayout, num_tokens: int, block_hashes: HashInput
+) -> tuple[LookupPlan, bool]:
+    """The plan of a request's lookup (raises :class:`InvalidRequest`), and whether its hit
+    is then lowered by vLLM 0.26's leave-one-token rule (the worker looked up the aligned
+    length)."""
+    if isinstance(layout, KVLayout) and layout.vllm_version == "0.26.0":
+        n = integer("num_tokens", num_tokens)
+        return layout.plan(layout.align(n), block_hashes), True
+    return layout.plan(num_tokens, block_hashes), False
+
+
+def _model_of(layout: KVLayout | SGLangLayout) -> str:
+    """The model a layout's lookups are counted under (the per-model metrics)."""
+    if isinstance(layout, KVLayout):
+        return layout.model
+    return layout.model_name or ""

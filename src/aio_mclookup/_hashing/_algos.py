@@ -53,7 +53,7 @@ def _xxh3_128() -> Digest:
     if fn is None:
         raise InvalidRequest(
             "the xxhash algorithms need the xxhash package (>= 3.0, with xxh3_128_digest): "
-            "pip install 'aio-mclookup[xxhash]'",
+            "pip install 'xxhash>=3.0' (from a clone: pip install -e '.[xxhash]')",
             field="algo",
         )
     digest: Digest = fn

@@ -17,7 +17,7 @@ from typing import Any
 from .._checks import integer, positive_int
 from .._errors import InvalidRequest
 from .._plan.era_c import build_era_c_plan
-from .._plan.hashes import HashInput
+from .._plan.hashes import HashInput, check_width
 from .._plan.plan import LookupPlan, build_plan
 from .from_vllm import check_against_vllm, layout_arguments
 from .geometry import Geometry
@@ -56,6 +56,7 @@ _LAYOUT_FIELDS = {
     "cache_hit_alignment_tokens",
     "store_namespace",
     "store_tp_size",
+    "hash_bytes",
 }
 _FLAG_FIELDS = {"mla", "eagle", "prefix_cacheable"}
 
@@ -112,6 +113,7 @@ class KVLayout:
         cache_hit_alignment_tokens: int | None = None,
         store_namespace: str = "",
         store_tp_size: int | None = None,
+        hash_bytes: int | None = None,
     ) -> None:
         self.vllm_version = version = normalise_version(vllm_version)
         if not isinstance(model, str) or not model.rstrip("/"):
@@ -175,6 +177,11 @@ class KVLayout:
         self.cache_hit_alignment_tokens = cache_hit_alignment_tokens
         self.store_namespace = store_namespace
         self.store_tp_size = store_tp_size
+        if hash_bytes is not None:
+            hash_bytes = positive_int("hash_bytes", hash_bytes)
+        self.hash_bytes = hash_bytes
+        """The width of the engines' block hashes (32: sha256, sha256_cbor; 16: xxhash,
+        xxhash_cbor), which :meth:`plan` then insists on; None: not checked."""
         if version == "0.26.0":
             self._check_026()
             self._geometry = Geometry(
@@ -402,7 +409,8 @@ class KVLayout:
         Optional: ``vllm_version`` (default ``"0.33.0"``), ``cache_prefix``, ``use_eagle``,
         ``tp_size``, ``pcp_size``, ``dcp_size``, ``pp_size``, ``num_kv_heads`` (required when
         ``tp_size > 1`` and ``dcp_size == 1``) and, vLLM 0.32+, ``cache_hit_alignment_tokens``,
-        ``store_namespace``, ``store_tp_size``. Unknown keys raise :class:`InvalidRequest`.
+        ``store_namespace``, ``store_tp_size``; on any release ``hash_bytes`` (the hashes' width,
+checked). Unknown keys raise :class:`InvalidRequest`.
         """
         if not isinstance(cfg, Mapping):
             raise InvalidRequest(f"layout must be a mapping, got {type(cfg).__name__}")
@@ -490,6 +498,8 @@ class KVLayout:
             out["cache_hit_alignment_tokens"] = self.cache_hit_alignment_tokens
             out["store_namespace"] = self.store_namespace
             out["store_tp_size"] = self.store_tp_size
+        if self.hash_bytes is not None:
+            out["hash_bytes"] = self.hash_bytes
         out["vllm_version"] = self.vllm_version
         return out
 
@@ -537,8 +547,11 @@ class KVLayout:
         ``token_len`` (a multiple of ``scheduler_block_size``: use :meth:`align`); on vLLM
         0.32+ the request's ``num_tokens`` as it is (aligned inside). ``block_hashes`` is a
         sequence of ``bytes`` (one per ``hash_block_size`` tokens) or a 2-D ``uint8`` numpy
-        array of fixed-width hashes. Raises :class:`InvalidRequest` for a malformed request.
+        array of fixed-width hashes. Raises :class:`InvalidRequest` for a malformed request, and,
+        with :attr:`hash_bytes` set, for hashes of another width (keys no engine writes).
         """
+        if self.hash_bytes is not None:
+            check_width(block_hashes, (self.hash_bytes,))
         geometry = self._geometry
         if geometry.rules is None:
             return build_plan(geometry, num_tokens, block_hashes)

@@ -18,7 +18,8 @@ from .._hashing import BlockHasher
 from .._layout.layout import KVLayout
 from .._layout.sglang import SGLangLayout
 from .._store.codes import failed_rpc_code
-from .._store.pool import client_config
+from .._store.logs import quiet_settings, setup_output
+from .._store.pool import client_config, client_env
 from .results import RunResult
 from .workload import PageHasher, Request
 
@@ -33,11 +34,13 @@ class RawClient:
         self.client: Any = None
 
     def open_blocking(self) -> None:
-        from mooncake.store import MooncakeDistributedStore
-
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", str(self.config["local_hostname"]))
-        client = MooncakeDistributedStore()
-        rc = client.setup(dict(self.config))
+        quiet = quiet_settings()  # (the library's own logging policy: docs/mooncake.md)
+        with client_env(quiet), setup_output(bool(quiet)):
+            from mooncake.store import MooncakeDistributedStore
+
+            client = MooncakeDistributedStore()
+            rc = client.setup(dict(self.config))
         if rc != 0:
             with contextlib.suppress(Exception):
                 client.close()

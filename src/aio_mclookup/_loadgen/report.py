@@ -229,6 +229,29 @@ def report_unavailable(path: str) -> str | None:
     return None
 
 
+MODE_COLOURS = {COORDINATOR: "black", NAIVE: "tab:red"}
+"""Panels 2 and 3: a colour is a way of looking up (panel 1's colours, from viridis, are the
+concurrency levels: no colour means two things)."""
+
+
+def _log_ticks(axis: Any, low: float, high: float) -> None:
+    """Readable major ticks on a log axis over [low, high]: under a decade, a few evenly spaced
+    plain numbers (matplotlib would label the minor ticks, and they overlap); up to 2.5 decades
+    1-2-5; wider, the powers of ten. Plain numbers, no minor-tick labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    decades = float(np.log10(max(high, 1e-12) / max(low, 1e-12)))
+    locator: Any
+    if decades < 1.0:
+        locator = MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10])
+    else:
+        subs = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
+        locator = LogLocator(base=10, subs=subs, numticks=12)
+    axis.set_major_locator(locator)
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def write_png(report: LoadgenReport, path: str) -> str | None:
     """Three panels: the latency distribution of every run, throughput against concurrency, and
     RPCs and keys per lookup against concurrency (what explains the speed-up). Returns why it
@@ -270,7 +293,7 @@ def write_png(report: LoadgenReport, path: str) -> str | None:
     for mode, marker, style in ((COORDINATOR, "o", "-"), (NAIVE, "s", "--")):
         xs, ys = per_level(mode, RunResult.rate)
         if xs:
-            ax_tput.plot(xs, ys, style, marker=marker, label=mode)
+            ax_tput.plot(xs, ys, style, marker=marker, color=MODE_COLOURS[mode], label=mode)
     ax_tput.set_ylabel("lookups / s")
     ax_tput.set_title("Throughput against concurrency", fontsize=10)
     ax_tput.set_ylim(bottom=0)
@@ -279,13 +302,15 @@ def write_png(report: LoadgenReport, path: str) -> str | None:
         if not xs:
             continue
         _, keys = per_level(mode, lambda r: r.keys_sent / r.lookups)
-        ax_work.plot(xs, keys, style, marker="s", color="tab:orange", label=f"keys, {mode}")
-        ax_work.plot(xs, rpcs, style, marker="o", color="tab:blue", label=f"RPCs, {mode}")
+        colour = MODE_COLOURS[mode]  # the mode's colour; the marker says which quantity
+        ax_work.plot(xs, keys, style, marker="s", color=colour, label=f"keys, {mode}")
+        ax_work.plot(xs, rpcs, style, marker="o", mfc="white", color=colour,
+                     label=f"RPCs, {mode}")
         # The coordinator's labels below its points, the seed-naive ones above: the coordinator
         # sends fewer keys (and, under load, fewer RPCs), so the labels stay apart.
         offset = (4, -11) if mode == COORDINATOR else (4, 5)
         note: dict[str, Any] = {"xytext": offset, "textcoords": "offset points", "fontsize": 7}
-        for values, fmt, colour in ((keys, "{:.0f}", "tab:orange"), (rpcs, "{:.2f}", "tab:blue")):
+        for values, fmt in ((keys, "{:.0f}"), (rpcs, "{:.2f}")):
             for x, y in zip(xs, values):
                 ax_work.annotate(fmt.format(y), (x, y), color=colour, **note)
     ax_work.set_yscale("log")
@@ -309,6 +334,13 @@ def write_png(report: LoadgenReport, path: str) -> str | None:
         ax.legend(
             fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False
         )
+    all_latencies = np.concatenate([np.asarray(r.latencies) for r in runs]) * 1e3
+    positive = all_latencies[all_latencies > 0]
+    if positive.size:
+        _log_ticks(ax_lat.xaxis, float(positive.min()), float(positive.max()))
+    work = [v for r in runs for v in (r.rpcs / r.lookups, r.keys_sent / r.lookups) if v > 0]
+    if work:
+        _log_ticks(ax_work.yaxis, min(work), max(work))
     cfg = report.config
     fig.suptitle(
         f"aio-mclookup loadgen: {_model(cfg.layout)} ({cfg.layout_source}), "

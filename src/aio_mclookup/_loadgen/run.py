@@ -186,7 +186,7 @@ async def coordinator_run(
     if hasher is None:
 
         async def lookup(req: Request) -> int:
-            return await coordinator.lookup_request(req.num_tokens, req.hashes)
+            return await coordinator.lookup(req.num_tokens, req.hashes)
 
     else:
         hash_ids = hasher.hash
@@ -197,7 +197,7 @@ async def coordinator_run(
             assert req.token_ids is not None
             hashes = hash_ids(req.token_ids)
             hash_times.append(clock() - started)
-            return await coordinator.lookup_request(req.num_tokens, hashes)
+            return await coordinator.lookup(req.num_tokens, hashes)
 
     async with coordinator:
         await drive(requests, lookup, result, cfg, stop, progress)

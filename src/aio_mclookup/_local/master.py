@@ -23,7 +23,7 @@ from typing import TypeVar
 from .._backend import sleep
 from .._errors import ClosedError, InvalidRequest, StoreError
 from .._public import present_as_public
-from .._store.pool import LOOPBACK, port_accepts
+from .._store.pool import LOOPBACK, MOONCAKE_INSTALL, port_accepts
 
 __all__ = ["LocalMaster"]
 
@@ -86,8 +86,8 @@ def _find_master_binary() -> str:
     if found:
         return found
     raise StoreError(
-        "mooncake_master not found next to the Python interpreter or on PATH; "
-        "install mooncake-transfer-engine-non-cuda (aio-mclookup[cpu])"
+        "mooncake_master not found next to the Python interpreter or on PATH: "
+        + MOONCAKE_INSTALL
     )
 
 

@@ -83,6 +83,19 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("requested_tokens_total", "requested_tokens_total", "Tokens asked about by lookups."),
 )
 _ERRORS_HELP = "Failures by code: a Mooncake error code, exception, timeout, overloaded or closed."
+_BY_MODEL: tuple[tuple[str, str, str], ...] = (
+    ("lookups_by_model", "model_lookups_total", "Lookups answered, by the layout's model name."),
+    (
+        "hit_tokens_by_model",
+        "model_hit_tokens_total",
+        "Prefix-hit tokens returned by lookups, by the layout's model name.",
+    ),
+    (
+        "requested_tokens_by_model",
+        "model_requested_tokens_total",
+        "Tokens asked about by lookups, by the layout's model name.",
+    ),
+)
 
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("pending_lookups", "pending_lookups", "Lookups waiting for or inside an RPC."),
@@ -156,6 +169,11 @@ def coordinator_families(
     for code, n in sorted(stats.errors_by_code.items()):
         errors.add_metric([str(code)], n)
     out.append(errors)
+    for attr, name, help_text in _BY_MODEL:
+        family = core.CounterMetricFamily(prefix + name, help_text, labels=["model"])
+        for model, n in sorted(getattr(stats, attr).items()):
+            family.add_metric([model], n)
+        out.append(family)
     for attr, name, help_text in _GAUGES:
         out.append(core.GaugeMetricFamily(prefix + name, help_text, value=getattr(stats, attr)))
     out.append(

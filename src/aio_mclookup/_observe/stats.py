@@ -96,6 +96,11 @@ class CoordinatorStats:
     ``"overloaded"`` or ``"closed"``."""
     hit_tokens_total: int = 0
     requested_tokens_total: int = 0
+    lookups_by_model: dict[str, int] = field(default_factory=dict)
+    """Lookups answered, by the layout's model name (``KVLayout.model``): a coordinator serving
+    several models (``lookup(..., layout=)``) tells them apart here and in the next two."""
+    hit_tokens_by_model: dict[str, int] = field(default_factory=dict)
+    requested_tokens_by_model: dict[str, int] = field(default_factory=dict)
     pending_lookups: int = 0
     pending_keys: int = 0
     rpcs_in_flight: int = 0
@@ -111,6 +116,14 @@ class CoordinatorStats:
 
     def count_error(self, code: str) -> None:
         self.errors_by_code[code] = self.errors_by_code.get(code, 0) + 1
+
+    def count_model(self, model: str, requested_tokens: int, hit_tokens: int) -> None:
+        """One lookup answered under a layout of ``model``."""
+        self.lookups_by_model[model] = self.lookups_by_model.get(model, 0) + 1
+        by = self.hit_tokens_by_model
+        by[model] = by.get(model, 0) + hit_tokens
+        by = self.requested_tokens_by_model
+        by[model] = by.get(model, 0) + max(requested_tokens, 0)
 
     def snapshot(self) -> CoordinatorStats:
         return copy.deepcopy(self)

@@ -15,7 +15,7 @@ from .._arrays import IntArray
 from .._errors import InvalidRequest
 from .probe import duplicate_ids
 
-__all__ = ["HashInput", "RequestHashes"]
+__all__ = ["VLLM_HASH_WIDTHS", "HashInput", "RequestHashes", "check_width"]
 
 HashInput = Sequence[bytes] | npt.NDArray[np.uint8]
 
@@ -202,3 +202,37 @@ def _interleaved_rows(
         out[:n, j] = np.frombuffer(joined, dtype=np.uint8).reshape(n, width)
     assert out is not None
     return out.reshape(out.shape[0] * out.shape[1], width)[:count]  # (width may be 0)
+
+
+VLLM_HASH_WIDTHS = (32, 16)
+"""The widths, in bytes, of vLLM's block hashes: 32 for ``sha256`` (the default) and
+``sha256_cbor``, 16 for ``xxhash`` and ``xxhash_cbor`` (docs/routers.md)."""
+
+
+def check_width(block_hashes: object, widths: tuple[int, ...], field: str = "block_hashes") -> None:
+    """Raise :class:`InvalidRequest` (``field``) unless every hash is one of ``widths`` bytes
+    wide, all of one width: a hash of another algorithm finds nothing, silently."""
+    if isinstance(block_hashes, np.ndarray):
+        rows = block_hashes.ndim == 2 and len(block_hashes)
+        found = {int(block_hashes.shape[1])} if rows else set()
+    elif isinstance(block_hashes, Sequence) and not isinstance(block_hashes, (str, bytes)):
+        try:
+            found = set(map(len, block_hashes))
+        except TypeError:
+            return  # not hashes at all: planning says so
+    else:
+        return
+    if len(found) > 1:
+        raise InvalidRequest(
+            f"the block hashes of one request must have one width, got {len(found)} widths "
+            f"({', '.join(map(str, sorted(found)))} bytes)",
+            field=field,
+        )
+    if found and not found <= set(widths):
+        expected = " or ".join(map(str, widths))
+        raise InvalidRequest(
+            f"the block hashes are {found.pop()} bytes wide, not {expected}: the engines' hash "
+            "algorithm gives other hashes (sha256 and sha256_cbor: 32 bytes, xxhash and "
+            "xxhash_cbor: 16)",
+            field=field,
+        )

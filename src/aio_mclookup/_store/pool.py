@@ -30,8 +30,17 @@ from .._backend import on_asyncio, wait_future
 from .._checks import positive_int
 from .._errors import ClosedError, Error, InvalidRequest, StoreError
 from .codes import RPC_FAIL, RPC_TIMEOUT
+from .logs import quiet_settings, setup_output
 
-__all__ = ["LOOPBACK", "ClientPool", "as_error", "client_config", "port_accepts"]
+__all__ = [
+    "LOOPBACK",
+    "MOONCAKE_INSTALL",
+    "ClientPool",
+    "as_error",
+    "client_config",
+    "client_env",
+    "port_accepts",
+]
 
 _T = TypeVar("_T")
 _Self = TypeVar("_Self", bound="ClientPool")
@@ -107,12 +116,18 @@ async def _answers(host: str, port: int, timeout: float) -> bool:
     return True
 
 
+MOONCAKE_INSTALL = (
+    "pip install mooncake-transfer-engine-non-cuda (CPU hosts; from a clone of aio-mclookup: "
+    "pip install -e '.[cpu]'), or mooncake-transfer-engine on GPU hosts"
+)
+"""How to install the Mooncake wheel, for error messages (aio-mclookup is not on PyPI)."""
+
 _ENV_LOCK = threading.Lock()
 """Serialises client construction: the ``MC_*`` settings are process-wide while it runs."""
 
 
 @contextlib.contextmanager
-def _client_env(settings: dict[str, str]) -> Iterator[None]:
+def client_env(settings: dict[str, str]) -> Iterator[None]:
     """Set the ``MC_*`` settings the process has not set, only while a client is built (the
     wheel reads them at construction), then restore the environment: child processes of the
     application do not inherit them."""
@@ -343,9 +358,11 @@ class ClientPool:
                 )
 
     def _setup_job(self) -> None:
-        from mooncake.store import MooncakeDistributedStore
+        quiet = quiet_settings()
+        with client_env({**self._client_settings(), **quiet}), setup_output(bool(quiet)):
+            # (imported here: the wheel reads MC_LOG_LEVEL once, when it loads)
+            from mooncake.store import MooncakeDistributedStore
 
-        with _client_env(self._client_settings()):
             client = MooncakeDistributedStore()
             with self._cond:
                 self._client = client  # so a close after a failed setup still closes it

@@ -21,6 +21,7 @@ from .. import (
     KVLayout,
     LookupCoordinator,
 )
+from .._plan.hashes import VLLM_HASH_WIDTHS, check_width
 from ._errors import ApiError, _dotted, _field_loc, _invalid, _too_large, _too_many
 from ._models import (
     _FRAME_HEAD,
@@ -78,6 +79,9 @@ def _text_field(raw: Mapping[str, Any], name: str, loc: Loc) -> str | None:
     return value
 
 
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
 def _unhex(text: str) -> bytes:
     return binascii.unhexlify(text.encode("ascii"))
 
@@ -113,9 +117,9 @@ def _decode_hex(hashes: list[Any], loc: Loc, limit: int) -> HashInput:
         try:
             out.append(_unhex(text))
         except (binascii.Error, ValueError, UnicodeEncodeError):
-            raise _invalid(
-                [*loc, "block_hashes", i], "a block hash must be hex with an even length"
-            ) from None
+            odd = len(text) % 2 and all(c in _HEX_DIGITS for c in text)
+            what = "an even number of hex digits" if odd else "hex digits only (0-9, a-f)"
+            raise _invalid([*loc, "block_hashes", i], f"a block hash must have {what}") from None
     return out
 
 
@@ -290,8 +294,25 @@ class _Decoder:
         token_len, num_tokens = (count, None) if name == "token_len" else (None, count)
         return self._counted(token_len, num_tokens, rows, "block_hashes", loc, layout)
 
-    @staticmethod
+    def widths(self, layout: KVLayout) -> tuple[int, ...]:
+        """The hash widths a request may have: the layout's ``hash_bytes``, else the width of
+        the router's hasher, else any of vLLM's (32 or 16 bytes)."""
+        if layout.hash_bytes is not None:
+            return (layout.hash_bytes,)
+        width = getattr(self.hasher, "width", None)
+        return (width,) if isinstance(width, int) else VLLM_HASH_WIDTHS
+
+    def checked(self, item: _Item, loc: Loc, layout: KVLayout) -> _Item:
+        """``item``, once its hashes are of one width the layout's engines write (else 422
+        naming the field they came from)."""
+        try:
+            check_width(item.hashes, self.widths(layout))
+        except InvalidRequest as exc:
+            raise _invalid([*loc, item.source], str(exc)) from None
+        return item
+
     def _counted(
+        self,
         token_len: int | None,
         num_tokens: int | None,
         decoded: HashInput,
@@ -303,7 +324,7 @@ class _Decoder:
         if token_len is None:
             if num_tokens is None:
                 raise _invalid([*loc, "num_tokens"], "give num_tokens (or token_len)")
-            return _Item(None, num_tokens, decoded, form)
+            return self.checked(_Item(None, num_tokens, decoded, form), loc, layout)
         if num_tokens is not None:
             raise _invalid([*loc, "num_tokens"], "give num_tokens or token_len, not both")
         if layout.align(token_len) != token_len:
@@ -312,7 +333,7 @@ class _Decoder:
                 f"token_len={token_len} must be a multiple of scheduler_block_size="
                 f"{layout.scheduler_block_size}",
             )
-        return _Item(token_len, token_len, decoded, form)
+        return self.checked(_Item(token_len, token_len, decoded, form), loc, layout)
 
     def _tokens(self, raw: Mapping[str, Any], loc: Loc, scope: Scope, layout: KVLayout) -> _Item:
         if raw.get("token_len") is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.params import Depends as DependsParam
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.types import Scope
@@ -117,10 +117,10 @@ _FRAME_SCHEMA = {
 }
 
 
-class _JSONBytes(Response):
-    """The routes' success responses: JSON rendered by hand (a fixed, tiny shape)."""
-
-    media_type = "application/json"
+class _JSONBytes(JSONResponse):
+    """The lookup routes' declared response class: JSON, so that OpenAPI shows the
+    ``response_model`` (the endpoints render their tiny fixed shape by hand and return a ready
+    :class:`Response`)."""
 
 
 class _PrometheusResponse(PlainTextResponse):
@@ -190,10 +190,12 @@ def _route_class(counts: collections.Counter[tuple[str, int]]) -> type[APIRoute]
 
 
 async def _answer(coordinator: LookupCoordinator, item: _Item, kwargs: Mapping[str, Any]) -> int:
-    """``token_len``: the plain lookup; ``num_tokens``: vLLM's scheduler view of it."""
+    """``num_tokens``: vLLM's scheduler's count; ``token_len`` (aligned): the worker's reply
+    for it, before vLLM 0.26's scheduler rule (the same answer on 0.32+)."""
     if item.token_len is not None:
-        return await coordinator.lookup(item.token_len, item.hashes, **kwargs)
-    return await coordinator.lookup_request(item.num_tokens, item.hashes, **kwargs)
+        result = await coordinator.lookup_result(item.token_len, item.hashes, **kwargs)
+        return result.hit_length
+    return await coordinator.lookup(item.num_tokens, item.hashes, **kwargs)
 
 
 async def _lookup_all(
@@ -321,8 +323,11 @@ def create_router(
         """One lookup body -> the reply's bytes and media type; raises ApiError."""
         if media == OCTET_STREAM:
             item = _decode_frame(body, max_hashes_per_request)
-            if isinstance(coordinator.layout, SGLangLayout):
-                item = sglang.checked(item, ["body"], coordinator.layout)
+            layout = coordinator.layout
+            if isinstance(layout, SGLangLayout):
+                item = sglang.checked(item, ["body"], layout)
+            else:
+                item = decoder.checked(item, ["body"], layout)
             (hit,) = await _lookup_all(coordinator, [item], kwargs, batch=False)
             return _HIT.pack(hit), OCTET_STREAM
         if media != "application/json":

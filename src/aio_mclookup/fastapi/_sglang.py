@@ -93,9 +93,10 @@ class SGLangDecoder:
         """``item`` once its page hashes are 32 bytes each and cover the pages its
         ``num_tokens`` probes (what planning would refuse, refused before any lookup)."""
         hashes: Any = item.hashes
-        widths = (
-            {int(hashes.shape[1])} if hasattr(hashes, "shape") else {len(h) for h in hashes}
-        )
+        if hasattr(hashes, "shape"):
+            widths = {int(hashes.shape[1])} if len(hashes) else set()
+        else:
+            widths = {len(h) for h in hashes}
         if widths - {_PAGE_HASH_BYTES}:
             raise _invalid(
                 [*loc, item.source],

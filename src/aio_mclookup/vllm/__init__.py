@@ -1,7 +1,7 @@
 """aio-mclookup inside vLLM: ``MooncakeStoreConnector``, whose scheduler lookups coalesce.
 
 Load it with ``kv_connector_module_path="aio_mclookup.vllm"`` (docs/vllm.md). Importable only
-where vLLM (0.32 or 0.33) is installed: ``pip install 'aio-mclookup[vllm]'`` beside it.
+where vLLM (0.32 or 0.33) is installed: from a clone, ``pip install -e '.[vllm]'`` beside it.
 """
 
 try:
