@@ -265,3 +265,44 @@ async def test_router_from_token_ids_on_a_real_master(
         with contextlib.suppress(httpx.TransportError):
             await client.aclose()
     assert metric(text, "aio_mclookup_lookups_total") == 2 * len(requests)
+
+
+async def test_sglang_responses_validate_against_the_served_schema() -> None:
+    from test_fastapi_openapi import check
+
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = tokens(40)
+    store = FakeStore(stored_keys(LAYOUT, doc, 6))
+    async with serve(app(LAYOUT, store, router_options={"max_batch_requests": 2})) as client:
+        openapi = (await client.get("/openapi.json")).json()
+        hexes = [h.hex() for h in LAYOUT.page_hashes(doc)]
+        single: list[dict[str, Any]] = [
+            {"token_ids": doc, "extra_key": "k", "cache_salt": "s"},
+            {"token_ids": doc},
+            {"num_tokens": 40, "block_hashes": hexes},
+            {"token_ids": doc, "token_len": 8},  # 422
+            {"num_tokens": 40, "block_hashes": hexes[:2]},  # 422: pages 0-8 are probed
+        ]
+        seen = set()
+        for payload in single:
+            r = await client.post("/v1/lookup", json=payload)
+            seen.add(r.status_code)
+            check(openapi, "/v1/lookup", r)
+        for batch in (single[:2], single[:3], [single[1], single[4]]):
+            r = await client.post("/v1/lookup/batch", json={"requests": batch})
+            seen.add(r.status_code)
+            check(openapi, "/v1/lookup/batch", r)
+        assert seen == {200, 413, 422}
+        layout = await client.get("/v1/layout")
+        declared = openapi["paths"]["/v1/layout"]["get"]["responses"]["200"]["content"]
+        schema = declared["application/json"]["schema"]
+        validator = jsonschema.Draft202012Validator({**schema, "components": openapi["components"]})
+        assert not list(validator.iter_errors(layout.json()))
+    assert (await _hit(store, {"token_ids": doc})) == 24  # pages 0-5
+    assert (await _hit(store, {"token_ids": doc, "cache_salt": "s"})) == 0
+
+
+async def _hit(store: FakeStore, body: dict[str, Any]) -> int:
+    async with serve(app(LAYOUT, store)) as client:
+        hit: int = (await client.post("/v1/lookup", json=body)).json()["hit_tokens"]
+        return hit
