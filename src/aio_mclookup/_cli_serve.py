@@ -70,7 +70,8 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="serve prefix lookups over HTTP (the FastAPI router, under uvicorn)",
         description=(
             "Serve POST /v1/lookup and /v1/lookup/batch (vLLM's scheduler count of a request's "
-            "tokens found in the Mooncake store), GET /v1/layout, /healthz, /readyz (the store "
+            "tokens found in the Mooncake store, or SGLang's L3 hit for an SGLang layout file), "
+            "GET /v1/layout, /healthz, /readyz (the store "
             "answers an RPC now) and /metrics (Prometheus), with OpenAPI docs at /docs. Needs "
             "the serve extra (from a clone: pip install -e '.[serve,cpu]')."
         ),

@@ -280,8 +280,11 @@ def create_router(
 
     ``hasher`` (a :class:`~aio_mclookup.BlockHasher`) hashes token-id bodies; without it the
     one a lifespan published under :data:`HASHER_KEY` is used, and with neither, token-id
-    bodies get a 422. ``dependencies`` run before every route (an authentication hook, e.g.
-    ``[Depends(check_token)]``). ``namespace`` prefixes the metric names.
+    bodies get a 422. When the coordinator's layout is an :class:`~aio_mclookup.SGLangLayout`
+    the bodies are SGLang's (:mod:`._sglang`): token ids hashed with its page hashing, or page
+    hashes, and the answers SGLang's L3 hits; ``hasher`` is not used. ``dependencies`` run
+    before every route (an authentication hook, e.g. ``[Depends(check_token)]``).
+    ``namespace`` prefixes the metric names.
     """
     if max_body_bytes is None and isinstance(max_hashes_per_request, int):
         max_body_bytes = _BYTES_PER_HASH * max_hashes_per_request
@@ -527,4 +530,3 @@ def create_router(
         return _PrometheusResponse(text + "\n".join(http) + "\n")
 
     return router
-
