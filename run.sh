@@ -18,11 +18,20 @@ ensure_system_packages() {
     done
     local py_ok=1
     python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || py_ok=0
-    if [ "${#missing[@]}" -gt 0 ] || [ "$py_ok" = 0 ]; then
-        echo "run.sh: installing Debian packages (libibverbs1 libnuma1 libcurl4 python3-venv)" >&2
+    # etcd (Debian's etcd-server, 3.4): the HA tier's masters are elected through it
+    # (tests/test_ha.py starts its own on loopback; nothing uses a system etcd).
+    command -v etcd >/dev/null 2>&1 || missing+=(etcd)
+    # the compiled extensions (setup.py): a C compiler, Python's and OpenSSL's headers
+    local build_ok=1
+    command -v gcc >/dev/null 2>&1 || build_ok=0
+    [ -f /usr/include/openssl/sha.h ] || build_ok=0
+    python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || build_ok=0
+    if [ "${#missing[@]}" -gt 0 ] || [ "$py_ok" = 0 ] || [ "$build_ok" = 0 ]; then
+        echo "run.sh: installing Debian packages (libibverbs1 libnuma1 libcurl4 python3-venv etcd-server build-essential python3-dev libssl-dev)" >&2
         as_root apt-get update -qq
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            libibverbs1 libnuma1 libcurl4 python3 python3-venv python3-dev >/dev/null
+            libibverbs1 libnuma1 libcurl4 python3 python3-venv python3-dev etcd-server \
+            build-essential libssl-dev >/dev/null
     fi
 }
 
@@ -31,11 +40,20 @@ ensure_venv() {
         python3 -m venv .venv
     fi
     local stamp=.venv/.aio-mclookup-installed
-    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    # (re)install when the metadata or a C source changed: the editable install builds the
+    # compiled extensions in place (setup.py; AIO_MCLOOKUP_NO_EXTENSIONS=1 runs without them)
+    local changed=""
+    if [ -f "$stamp" ]; then
+        changed=$(find pyproject.toml setup.py src -newer "$stamp" \( -name '*.toml' -o \
+            -name setup.py -o -name '*.c' \) -print -quit 2>/dev/null || true)
+    fi
+    if [ ! -f "$stamp" ] || [ -n "$changed" ]; then
         .venv/bin/python -m pip install -q --upgrade pip >/dev/null
         .venv/bin/python -m pip install -q -e '.[dev]'
         touch "$stamp"
     fi
+    .venv/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("aio_mclookup._hashing._chain_c") is None)' \
+        || echo "run.sh: the compiled extensions are not built; running pure Python (slower)" >&2
 }
 
 # The real vLLM the plug-in tier runs (docs/vllm.md): its own virtualenv, outside the clone so

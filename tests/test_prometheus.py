@@ -352,9 +352,20 @@ def _families(text: str) -> list[tuple[list[str], Samples]]:
     return out
 
 
+ADDED_SINCE = {"aio_mclookup_epoch_changes_total": "counter"}
+"""Families added after the hand-written renderer: the old ones are kept unchanged around
+them."""
+
+
 def test_the_text_matches_the_hand_written_renderer() -> None:
-    new = prometheus_text(_stats())
-    old_families, new_families = _families(OLD_TEXT), _families(new)
+    text = prometheus_text(_stats())
+    added = [f"# TYPE {name} {kind}" for name, kind in ADDED_SINCE.items()]
+    new_families = [f for f in _families(text) if f[0][1] not in added]
+    assert len(_families(text)) - len(new_families) == len(ADDED_SINCE)
+    new = "\n".join(
+        line for line in text.splitlines() if not any(name in line for name in ADDED_SINCE)
+    )
+    old_families = _families(OLD_TEXT)
     # Same families in the same order, with the same HELP and TYPE lines, byte for byte.
     assert [head for head, _ in new_families] == [head for head, _ in old_families]
     # Same samples (names, labels, values) in every family.

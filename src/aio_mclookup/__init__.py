@@ -44,7 +44,7 @@ from ._public import present_as_public as _present_as_public
 from ._resolve.result import LookupResult, TailKeyBoundary
 from ._store.fake import FakeStore
 from ._store.mooncake import MooncakeStore
-from ._store.protocol import CallbackStore, Store
+from ._store.protocol import CallbackStore, Epochs, Store
 
 if _typing.TYPE_CHECKING:
     from ._hashing import BlockHasher
@@ -76,6 +76,7 @@ __all__ = [
     "CoordinatorCollector",
     "CoordinatorOptions",
     "CoordinatorStats",
+    "Epochs",
     "Error",
     "FakeStore",
     "FullAttention",

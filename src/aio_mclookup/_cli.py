@@ -114,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = lg.add_argument_group("store")
     g.add_argument(
-        "--master", metavar="HOST:PORT", help="an existing Mooncake master (default: start one)"
+        "--master",
+        metavar="HOST:PORT",
+        help="an existing Mooncake master (default: start one); etcd://HOST:PORT[;HOST:PORT...] "
+        "for HA masters (the lookups follow the leader)",
     )
     g.add_argument("--metadata", metavar="URL", help="its metadata server (needed with --master)")
     g.add_argument(

@@ -215,6 +215,23 @@ class CoordinatorCore:
                 finally:
                     lookup.waiting = 0  # (nothing more to drop at finish)
 
+    def new_epoch(self, why: str, code: int | None = None) -> bool:
+        """The master may have lost every lease (restart, failover, gone): nothing answered
+        before may answer a lookup again. If an RPC succeeded since the last epoch, forget
+        every cached presence (positive cache, known prefixes, walkers) and fail every
+        unsettled lookup, which may rest on such answers, with :class:`StoreError` (``code``);
+        True then. Answers of RPCs sent before are the caller's to refuse."""
+        if not self.breaker.learned:
+            return False  # (nothing learned since the last epoch: nothing to forget)
+        self.breaker.learned = False
+        self.stats.epoch_changes_total += 1
+        self._cache = PositiveCache()
+        self._prefixes = KnownPrefixes()
+        self._walkers.clear()
+        for lookup in list(self.lookups.values()):
+            self.fail(lookup, StoreError(f"new master epoch ({why}); retry", code=code))
+        return True
+
     def fail_all(self, error: BaseException) -> None:
         """Drop every key and settle every lookup with ``error`` (closing)."""
         self.table.clear()

@@ -50,7 +50,10 @@ class CoordinatorOptions:
       round probes at most this many of the unknown chunks an answer rests on per
       spec-group (doubling every round); None: never limit.
     * ``failure_backoff``: after a failed RPC, fail fast for this long, then let one probe
-      RPC through (doubling the pause, up to 8x, while the store stays down).
+      RPC through (doubling the pause, up to 8x, while the store stays down). With a store
+      that knows whether its master's port is up (``store.epochs.reachable``), the first
+      pause is ``failure_backoff / 16`` while it is up, and lookups fail fast while it is
+      down.
     """
 
     timeout: float | None = None

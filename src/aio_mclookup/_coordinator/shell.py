@@ -38,7 +38,8 @@ from .._observe.stats import CoordinatorStats
 from .._plan.hashes import HashInput
 from .._plan.plan import LookupPlan
 from .._resolve.result import LookupResult
-from .._store.protocol import Answer, CallbackStore, Key, Store
+from .._store.codes import INVALID_PARAMS, RPC_FAIL, RPC_TIMEOUT
+from .._store.protocol import Answer, CallbackStore, Key, Store, epochs_of
 from .core import CoordinatorCore, LookupState
 from .options import CoordinatorOptions, check_timeout
 
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 __all__ = ["LookupCoordinator"]
 
 logger = logging.getLogger("aio_mclookup")
+
+_LOST_MASTER = frozenset((RPC_FAIL, RPC_TIMEOUT, INVALID_PARAMS))
+"""Codes of a failed RPC that say the master may be gone, or another one: a new epoch."""
 
 
 class _Default:
@@ -121,6 +125,13 @@ class LookupCoordinator:
         self._closed = False
         self._dispatching = False  # inside _dispatch: a call-back within it sends nothing more
         self._other: AnyioShell | None = None  # the shell under anyio's other backends (trio)
+        self._epochs = epochs = epochs_of(store)
+        self._epoch_seen = 0 if epochs is None else epochs.epoch
+        self._generation = 0
+        """Bumped at each possible change of master: an RPC sent before must not answer
+        (each RPC is tagged with it when sent)."""
+        if epochs is not None:
+            self._core.breaker.reachable = lambda: epochs.reachable
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -282,6 +293,9 @@ class LookupCoordinator:
         loop = self._loop
         assert loop is not None
         core = self._core
+        epochs = self._epochs
+        if epochs is not None and epochs.epoch != self._epoch_seen:
+            self._store_epoch_changed()
         started = time.perf_counter()
         stats = self._stats
         stats.keys_planned_total += plan.num_keys
@@ -335,6 +349,14 @@ class LookupCoordinator:
         stats.hit_tokens_total += lookup.state.hit or 0
         stats.lookup_seconds.observe(time.perf_counter() - started)
         return lookup
+
+    def _store_epoch_changed(self) -> None:
+        """The store saw its master go (restart, failover): a new epoch."""
+        assert self._epochs is not None
+        self._epoch_seen = self._epochs.epoch
+        self._generation += 1
+        self._core.new_epoch("the store's master went away or was replaced", RPC_FAIL)
+        self._deliver()
 
     def _expire(self, lookup: LookupState, limit: float | None) -> None:
         self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
@@ -461,6 +483,9 @@ class LookupCoordinator:
         through."""
         loop = self._loop
         assert loop is not None and self._wake is not None
+        epochs = self._epochs
+        if epochs is not None and epochs.epoch != self._epoch_seen:
+            self._store_epoch_changed()  # (before queued keys may fail fast as absent)
         self._dispatching = True
         try:
             now = time.monotonic()
@@ -470,16 +495,17 @@ class LookupCoordinator:
                 loop.call_at(loop.time() + (retry_at - now), self._wake.set)
                 return
             submit = self._submit
+            generation = self._generation
             for batch in batches:
                 if submit is not None:
-                    self._send(submit, batch, now)
+                    self._send(submit, batch, now, generation)
                 else:
-                    task = loop.create_task(self._rpc(batch, now))
+                    task = loop.create_task(self._rpc(batch, now, generation))
                     self._rpc_tasks.add(task)
         finally:
             self._dispatching = False
 
-    async def _rpc(self, keys: tuple[bytes, ...], sent_at: float) -> None:
+    async def _rpc(self, keys: tuple[bytes, ...], sent_at: float, generation: int) -> None:
         """One awaited ``batch_is_exist`` call; its outcome goes to the core."""
         started = time.perf_counter()
         outcome: Sequence[int] | BaseException
@@ -498,13 +524,14 @@ class LookupCoordinator:
             task = asyncio.current_task()
             if task is not None:
                 self._rpc_tasks.discard(task)
-        self._settle(keys, sent_at, outcome)
+        self._settle(keys, sent_at, outcome, generation)
 
     def _send(
         self,
         submit: Any,
         keys: tuple[bytes, ...],
         sent_at: float,
+        generation: int,
     ) -> None:
         """:meth:`_rpc` through a :class:`CallbackStore`: the answers fan out as soon as the
         loop picks them up, one loop iteration before an awaiting task would resume."""
@@ -521,7 +548,7 @@ class LookupCoordinator:
                 self._core.rpcs_in_flight -= 1
                 return  # close settled every caller
             self._stats.rpc_seconds.observe(time.perf_counter() - started)
-            self._settle(keys, sent_at, outcome)
+            self._settle(keys, sent_at, outcome, generation)
 
         then: Answer = answered
         batch: Sequence[Key] = keys
@@ -532,9 +559,31 @@ class LookupCoordinator:
             answered(exc)
 
     def _settle(
-        self, keys: tuple[bytes, ...], sent_at: float, outcome: Sequence[int] | BaseException
+        self,
+        keys: tuple[bytes, ...],
+        sent_at: float,
+        outcome: Sequence[int] | BaseException,
+        generation: int,
     ) -> None:
         core = self._core
+        epochs = self._epochs
+        if epochs is not None and epochs.epoch != self._epoch_seen:
+            self._store_epoch_changed()
+        if isinstance(outcome, StoreError) and outcome.code in _LOST_MASTER:
+            # Before the fan-out: under on_error="absent" it would resolve lookups on
+            # presences the master may have lost.
+            # An RPC answered after this one (sent before it failed) is refused too, unless
+            # the store watches its master: then nothing changed unless its epoch did.
+            changed = core.new_epoch(f"an RPC failed with code {outcome.code}", outcome.code)
+            if changed or epochs is None:
+                self._generation += 1
+            if changed:
+                self._deliver()
+        elif generation != self._generation and not isinstance(outcome, BaseException):
+            outcome = StoreError(
+                "answered in an earlier master epoch (the master went away meanwhile)",
+                code=RPC_FAIL,
+            )
         core.settle_rpc(keys, sent_at, outcome, time.monotonic())
         self._deliver()
         core.fresh_keys = False

@@ -11,6 +11,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from .. import _native
 from .._errors import InvalidRequest
 from .._public import present_as_public
 from . import _inputs, _payload
@@ -26,6 +27,9 @@ _TOKEN_LIMIT: Final = 1 << 63
 _MAX_STATES: Final = 1 << 12  # hash states kept per hasher (one per pickle body length)
 
 MmFeature = tuple[str, int, int]
+
+_C: Any = _native.load("aio_mclookup._hashing._chain_c")
+"""The compiled chain (``_chain_c.c``: SHA-256 only), or ``None``: the Python loops below."""
 
 
 class BlockHasher:
@@ -188,7 +192,8 @@ class BlockHasher:
         """The hashes of a prompt without extra keys of up to one chunk, with as few calls as
         possible (a 4,096-token prompt's fixed costs count); ``None``: take the general path."""
         got = _inputs.plain_tokens(token_ids)
-        if got is None or got[0].size > _CHUNK_TOKENS:
+        compiled = _C is not None and self._algo.sha256
+        if got is None or (got[0].size > _CHUNK_TOKENS and not compiled):
             return None
         tokens, checked = got
         h = self._block_size
@@ -199,6 +204,16 @@ class BlockHasher:
             and int(tokens[n_blocks * h :].max()) >= _TOKEN_LIMIT
         ):
             return None  # a bad id past the last block: the general path names it
+        if compiled:
+            start = (
+                self._none_hash
+                if parent is None
+                else _inputs.parent_digest(parent, self._algo.width)
+            )
+            if not tokens.flags.c_contiguous:
+                tokens = np.ascontiguousarray(tokens)
+            rows = _C.plain(tokens, h, self._algo.cbor, start)
+            return None if rows is None else self._rows([rows])  # None: an id the C refused
         bodies: tuple[bytes, ...] = ()
         if n_blocks:
             built = _payload.plain(tokens, self._layout)
@@ -212,9 +227,12 @@ class BlockHasher:
         self._chain(bodies, start, digests)
         return self._rows(digests)
 
-    def _rows(self, digests: list[bytes]) -> NDArray[np.uint8]:
-        out: NDArray[np.uint8] = np.frombuffer(bytearray(b"".join(digests)), dtype=np.uint8)
-        return out.reshape(len(digests), self.width)
+    def _rows(self, digests: list[bytes] | list[bytearray]) -> NDArray[np.uint8]:
+        """``digests`` (runs of whole hashes) as one writable ``(n_blocks, width)`` array."""
+        run = digests[0] if len(digests) == 1 and type(digests[0]) is bytearray else None
+        data = run if run is not None else bytearray(b"".join(digests))
+        out: NDArray[np.uint8] = np.frombuffer(data, dtype=np.uint8)
+        return out.reshape(-1, self.width)
 
     def _extra_inputs(
         self,
@@ -300,12 +318,17 @@ class BlockHasher:
 
     def _chain(self, bodies: Sequence[bytes], parent: bytes, out: list[bytes]) -> bytes:
         """Hash ``head + parent + body`` block after block (the head follows from the body's
-        length); returns the last hash."""
+        length); appends the hashes to ``out`` (one run of them if compiled) and returns the
+        last."""
         if not bodies:
             return parent
+        algo = self._algo
+        if algo.sha256 and _C is not None:
+            run: bytes = _C.bodies(parent, bodies, algo.cbor)
+            out.append(run)
+            return bytes(run[-algo.width :])
         append = out.append
         digest = parent
-        algo = self._algo
         if algo.sha256:
             if algo.cbor:
                 copy = self._cbor_state.copy

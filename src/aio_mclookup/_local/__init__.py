@@ -1,2 +1,3 @@
-"""Local tooling: an embedded loopback master (``master``) and a key writer (``writer``), the
-load generator's default and the test suite's real parts."""
+"""Local tooling: an embedded loopback master (``master``, HA masters too), a loopback etcd for
+them (``etcd``) and a key writer (``writer``), the load generator's default and the test
+suite's real parts."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import weakref
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
@@ -63,14 +66,26 @@ def _make_preexec(parent_pid: int) -> Callable[[], None] | None:
     return preexec
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that were free on loopback a moment ago."""
-    socks = []
+_LOW_PORTS = (20000, 32000)
+"""Where :func:`free_ports` looks with ``low=True``: below Linux's ephemeral range (32768+), so
+that no client connection takes the port between a master's stop and its restart (an HA
+standby promoted on an ephemeral port was seen to fail to start)."""
+
+
+def free_ports(n: int, *, low: bool = False) -> list[int]:
+    """``n`` distinct ports that were free on loopback a moment ago (``low``: from
+    :data:`_LOW_PORTS`, else the kernel's choice)."""
+    socks: list[socket.socket] = []
+    rng = random.Random()
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((LOOPBACK, rng.randrange(*_LOW_PORTS) if low else 0))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-            s.bind((LOOPBACK, 0))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -184,9 +199,19 @@ class LocalMaster:
         log_dir: str | os.PathLike[str] | None = None,
         keep_logs: bool = False,
         binary: str | None = None,
+        etcd: str | None = None,
+        oplog: bool = False,
     ) -> None:
         """``default_kv_lease_ttl``: ms or a duration like ``"100ms"``; ``client_ttl``: seconds;
-        ``extra_args``: more master flags; ``keep_logs``: keep a temporary log dir after stop."""
+        ``extra_args``: more master flags; ``keep_logs``: keep a temporary log dir after stop.
+
+        ``etcd`` (``HOST:PORT[;HOST:PORT...]``, e.g. a :class:`LocalEtcd`'s ``endpoint``)
+        makes it an HA master elected through that etcd (``--enable_ha``; ``oplog``:
+        ``--enable_oplog``, so that a promoted standby keeps the keys); it is then ready when
+        its metrics port answers (a standby opens no RPC port), and clients reach whichever
+        master leads at :attr:`ha_address`."""
+        self.etcd = etcd
+        self.oplog = oplog
         self.default_kv_lease_ttl = default_kv_lease_ttl
         self.client_ttl = client_ttl
         self.extra_args = tuple(extra_args)
@@ -212,6 +237,28 @@ class LocalMaster:
         if self.rpc_port is None:
             raise ClosedError("LocalMaster has not been started")
         return f"{LOOPBACK}:{self.rpc_port}"
+
+    @property
+    def ha_address(self) -> str:
+        """``etcd://E`` for an HA master (``etcd``), for ``MooncakeStore``'s
+        ``master_address``: whichever master leads."""
+        if self.etcd is None:
+            raise InvalidRequest("LocalMaster is not an HA master (etcd=None)")
+        return f"etcd://{self.etcd}"
+
+    def health(self, timeout: float = 0.5) -> dict[str, object] | None:
+        """The master's ``/health`` (``role``, ``ha_state``, ``service_ready``, ...), read from
+        its metrics port; None when it does not answer."""
+        if self.metrics_port is None:
+            return None
+        try:
+            with urllib.request.urlopen(
+                f"http://{LOOPBACK}:{self.metrics_port}/health", timeout=timeout
+            ) as reply:
+                found = json.load(reply)
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
 
     @property
     def metadata_server(self) -> str:
@@ -333,6 +380,10 @@ class LocalMaster:
             f"--metrics_port={self.metrics_port}",
             "--logtostderr",
         ]
+        if self.etcd is not None:
+            argv += ["--enable_ha=true", f"--etcd_endpoints={self.etcd}"]
+            if self.oplog:
+                argv.append("--enable_oplog=true")
         if self.default_kv_lease_ttl is not None:
             argv.append(f"--default_kv_lease_ttl={self.default_kv_lease_ttl}")
         if self.client_ttl is not None:
@@ -369,7 +420,9 @@ class LocalMaster:
             while True:
                 attempt += 1
                 if self.rpc_port is None:
-                    self.rpc_port, self.metrics_port, self.metadata_port = _free_ports(3)
+                    self.rpc_port, self.metrics_port, self.metadata_port = free_ports(
+                        3, low=self.etcd is not None
+                    )
                 if self._metadata is None or self._metadata.poll() is not None:
                     self._drop_exited(self._metadata)
                     self._metadata = self._spawn("metadata", self._metadata_argv())
@@ -397,7 +450,9 @@ class LocalMaster:
             for name, proc in (("master", self._master), ("metadata server", self._metadata)):
                 if proc is not None and proc.poll() is not None:
                     return f"{name} exited with status {proc.returncode}"
-            if port_accepts(self.metadata_port) and port_accepts(self.rpc_port):
+            ready_port = self.rpc_port if self.etcd is None else self.metrics_port
+            assert ready_port is not None
+            if port_accepts(self.metadata_port) and port_accepts(ready_port):
                 return None
             if time.monotonic() >= deadline:
                 raise StoreError(

@@ -79,6 +79,11 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ),
     ("rounds_total", "rounds_total", "Probe rounds over all lookups."),
     ("dispatches_total", "dispatches_total", "Dispatches (batches of lookups sent together)."),
+    (
+        "epoch_changes_total",
+        "epoch_changes_total",
+        "New master epochs (restart, failover, lost master): cached presences dropped.",
+    ),
     ("hit_tokens_total", "hit_tokens_total", "Prefix-hit tokens returned by lookups."),
     ("requested_tokens_total", "requested_tokens_total", "Tokens asked about by lookups."),
 )

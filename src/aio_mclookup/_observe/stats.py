@@ -91,6 +91,10 @@ class CoordinatorStats:
     rounds_total: int = 0
     """Probe rounds over all lookups (one per lookup when nothing can be skipped)."""
     dispatches_total: int = 0
+    epoch_changes_total: int = 0
+    """New master epochs begun: the master restarted, failed over or stopped answering after
+    it had answered, so every presence cached before was dropped and the lookups in progress
+    failed (``StoreError``)."""
     errors_by_code: dict[str, int] = field(default_factory=dict)
     """Failures by Mooncake error code (``"-900"``...), ``"exception"``, ``"timeout"``,
     ``"overloaded"`` or ``"closed"``."""

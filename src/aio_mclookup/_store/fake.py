@@ -18,6 +18,9 @@ class FakeStore:
     ``fail_with`` makes the next calls fail: an int raises :class:`StoreError` with that code
     (what :class:`MooncakeStore` raises when Mooncake answers every key with one error code),
     an exception is raised as it is.
+
+    ``epochs`` is the fake itself: ``epoch`` and ``reachable`` (see
+    :class:`~aio_mclookup.Epochs`); :meth:`restart` plays a master that restarted empty.
     """
 
     def __init__(self, present: Iterable[Key] = (), *, delay: float = 0.0) -> None:
@@ -26,6 +29,14 @@ class FakeStore:
         self.calls: list[list[bytes]] = []
         self.fail_with: int | BaseException | None = None
         self.answers: dict[bytes, int] = {}
+        self.epoch = 0
+        self.reachable: bool | None = None
+        self.epochs = self
+
+    def restart(self) -> None:
+        """A master restarted empty: every key absent, a new epoch."""
+        self.present.clear()
+        self.epoch += 1
 
     def add(self, keys: Iterable[Key]) -> None:
         """Mark keys present."""

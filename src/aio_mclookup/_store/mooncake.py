@@ -12,7 +12,15 @@ from typing import Any
 from .._backend import call_soon_threadsafe
 from .._errors import InvalidRequest, LookupTimeout, StoreError
 from .codes import raise_if_failed_rpc
+from .etcd import leader
 from .pool import DEFAULT_TENANT, LOOPBACK, ClientPool, as_error, raise_as_error
+from .watch import MasterWatch
+
+_LEADER_RECHECK = 0.5
+"""Seconds between two reads of the leader from etcd while the watch holds one (a leader
+replaced without dying: one small HTTP request per read)."""
+_LEADER_RETRY = 0.05
+"""Seconds between two attempts (a read from etcd and a connect) while no leader serves."""
 
 __all__ = ["MooncakeStore"]
 
@@ -41,7 +49,15 @@ class MooncakeStore(ClientPool):
     * ``MC_TCP_BIND_ADDRESS=<local_hostname>`` when ``local_hostname`` is an IP address (the
       default ``127.0.0.1`` makes the client advertise and use loopback);
     * ``MC_STORE_CLIENT_SETUP_RETRIES=2`` (the default, 20, means ~90 s against a dead master);
-    * ``MC_RPC_TIMEOUT_MS=<rpc_timeout * 1000>`` (default 30 s; size it above the slowest batch).
+    * ``MC_RPC_TIMEOUT_MS=<rpc_timeout * 1000>`` (default 30 s; size it above the slowest batch);
+    * ``MC_RPC_CONNECT_TIMEOUT_MS=<connect_timeout * 1000>`` (bounds one connect to the master:
+      a master host gone without a reset otherwise costs the kernel's SYN retries, minutes).
+
+    ``master_address`` is ``host:port``, or ``etcd://HOST:PORT[;HOST:PORT...]`` for HA masters
+    (the client finds the leader in etcd and follows it). ``isolate`` runs the Mooncake client
+    in a child process of its own (None: for ``etcd://`` only, whose ``setup()`` and
+    ``close()`` hold the GIL up to ~10 s and ~30 s; closing is then the child's exit), at one
+    more local hop per RPC.
 
     The client's own listeners (transfer-engine handshake and TCP data ports, 15000-17000) still
     bind all interfaces; no option changes that. For hard isolation run in a network namespace.
@@ -50,7 +66,9 @@ class MooncakeStore(ClientPool):
     process freezes meanwhile; docs/mooncake.md has the figures), so open the store at start-up
     and close it at shut-down, not per request. A dead master fails :meth:`open` fast with
     ``StoreError(code=-900)`` thanks to a TCP probe, a hung one with ``code=-901`` thanks to a
-    liveness probe. While the master is down, each lookup returns
+    liveness probe. ``epochs`` watches the master (a held idle connection to its port): a
+    restart or a failover starts a new epoch, which a coordinator reads to drop whatever it
+    cached from the master before. While the master is down, each lookup returns
     after the client's reconnect back-off with ``StoreError(code=-900)``; the client reconnects
     by itself when the master is back (keys are lost: the master keeps them in memory only).
     """
@@ -67,6 +85,8 @@ class MooncakeStore(ClientPool):
         setup_timeout: float = 10.0,
         local_hostname: str = LOOPBACK,
         tenant_id: str = DEFAULT_TENANT,
+        connect_timeout: float = 1.0,
+        isolate: bool | None = None,
     ) -> None:
         if not isinstance(tenant_id, str) or not tenant_id.strip():
             raise InvalidRequest(
@@ -82,8 +102,26 @@ class MooncakeStore(ClientPool):
             global_segment_size=0,
             local_buffer_size=0,
             tenant_id=tenant_id.strip(),
+            connect_timeout=connect_timeout,
+            isolate=_is_etcd(master_address) if isolate is None else bool(isolate),
         )
         self.max_concurrency = threads
+        endpoints = self.etcd_endpoints
+        if endpoints is None:
+            self.epochs = MasterWatch.of_address(self._master_host, self._master_port)
+        else:
+            self.epochs = MasterWatch(
+                lambda: leader(endpoints), retry=_LEADER_RETRY, recheck=_LEADER_RECHECK
+            )
+        """The master's epochs, as :class:`~aio_mclookup.LookupCoordinator` reads them
+        (``epochs.epoch``, ``epochs.reachable``): a held connection to the master's port that
+        tells a restart, however short, the moment it happens (docs/mooncake.md)."""
+
+    def _after_setup(self, client: Any) -> None:
+        self.epochs.start()
+
+    def _before_close(self) -> None:
+        self.epochs.stop()
 
     def __repr__(self) -> str:
         return (
@@ -151,3 +189,7 @@ class MooncakeStore(ClientPool):
                 call_soon(then, outcome)
 
         self._submit(functools.partial(_exist, client, batch)).add_done_callback(deliver)
+
+
+def _is_etcd(address: object) -> bool:
+    return isinstance(address, str) and address.startswith("etcd://")

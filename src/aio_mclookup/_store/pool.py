@@ -30,6 +30,8 @@ from .._backend import on_asyncio, wait_future
 from .._checks import positive_int
 from .._errors import ClosedError, Error, InvalidRequest, StoreError
 from .codes import RPC_FAIL, RPC_TIMEOUT
+from .etcd import claim_endpoints, etcd_endpoints, leader
+from .isolated import ChildClient
 from .logs import quiet_settings, setup_output
 
 __all__ = [
@@ -205,12 +207,30 @@ class ClientPool:
         global_segment_size: int,
         local_buffer_size: int,
         tenant_id: str = DEFAULT_TENANT,
+        connect_timeout: float = 1.0,
+        isolate: bool = False,
     ) -> None:
         positive_int("threads", threads)
-        for name, seconds in (("rpc_timeout", rpc_timeout), ("setup_timeout", setup_timeout)):
+        for name, seconds in (
+            ("rpc_timeout", rpc_timeout),
+            ("setup_timeout", setup_timeout),
+            ("connect_timeout", connect_timeout),
+        ):
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
                 raise InvalidRequest(f"{name} must be > 0 seconds, got {seconds!r}", field=name)
-        self._master_host, self._master_port = _split_host_port(master_address)
+        if not isinstance(master_address, str):
+            raise InvalidRequest(
+                f"master_address must be a str, got {master_address!r}", field="master_address"
+            )
+        self.etcd_endpoints = etcd_endpoints(master_address)
+        """The etcd endpoints of an ``etcd://`` address (HA masters), else None."""
+        if self.etcd_endpoints is None:
+            self._master_host, self._master_port = _split_host_port(master_address)
+        else:
+            self._master_host, self._master_port = self.etcd_endpoints[0]
+        self.connect_timeout = connect_timeout
+        self.isolated = isolate
+        """The Mooncake client runs in a child process of its own (see ``isolated``)."""
         self.master_address = master_address
         self.metadata_server = metadata_server
         self.rpc_timeout = rpc_timeout
@@ -311,6 +331,9 @@ class ClientPool:
     def _after_setup(self, client: Any) -> None:
         """Runs on the pool right after a successful ``setup()``."""
 
+    def _before_close(self) -> None:
+        """Runs on the pool before the client is closed (also after a failed open)."""
+
     # ---- internals -------------------------------------------------------------------------
 
     def _client_settings(self) -> dict[str, str]:
@@ -318,6 +341,7 @@ class ClientPool:
         wanted = {
             "MC_STORE_CLIENT_SETUP_RETRIES": "2",
             "MC_RPC_TIMEOUT_MS": str(max(1, round(self.rpc_timeout * 1000))),
+            "MC_RPC_CONNECT_TIMEOUT_MS": str(max(1, round(self.connect_timeout * 1000))),
         }
         try:
             ipaddress.ip_address(self.local_hostname)
@@ -335,6 +359,21 @@ class ClientPool:
         return wanted
 
     async def _probe(self) -> None:
+        if self.etcd_endpoints is not None:
+            await self._probe_etcd(self.etcd_endpoints)
+        else:
+            await self._probe_master()
+        url = urlsplit(self.metadata_server)
+        if url.scheme in ("http", "https") and url.hostname:
+            port = url.port or (443 if url.scheme == "https" else 80)
+            err = await _tcp_probe(url.hostname, port, self.setup_timeout)
+            if err is not None:
+                raise StoreError(
+                    f"metadata server {self.metadata_server} is not reachable: {err}",
+                    code=RPC_FAIL,
+                )
+
+    async def _probe_master(self) -> None:
         err = await _tcp_probe(self._master_host, self._master_port, self.setup_timeout)
         if err is not None:
             raise StoreError(
@@ -347,17 +386,50 @@ class ClientPool:
                 "would freeze the process meanwhile",
                 code=RPC_TIMEOUT,
             )
-        url = urlsplit(self.metadata_server)
-        if url.scheme in ("http", "https") and url.hostname:
-            port = url.port or (443 if url.scheme == "https" else 80)
-            err = await _tcp_probe(url.hostname, port, self.setup_timeout)
-            if err is not None:
-                raise StoreError(
-                    f"metadata server {self.metadata_server} is not reachable: {err}",
-                    code=RPC_FAIL,
-                )
+
+    async def _probe_etcd(self, endpoints: list[tuple[str, int]]) -> None:
+        """Some etcd endpoint accepts, and etcd names a leader (else ``setup()`` would wait,
+        GIL held, for ~10 s)."""
+        errors = [await _tcp_probe(host, port, self.setup_timeout) for host, port in endpoints]
+        if all(err is not None for err in errors):
+            raise StoreError(
+                f"no etcd endpoint of {self.master_address} is reachable: {errors[0]}",
+                code=RPC_FAIL,
+            )
+        try:
+            found = await asyncio.to_thread(leader, endpoints, self.setup_timeout)
+        except OSError as exc:
+            raise StoreError(
+                f"etcd at {self.master_address} does not answer: {exc}", code=RPC_FAIL
+            ) from None
+        if found is None:
+            raise StoreError(
+                f"no Mooncake master leads in etcd at {self.master_address} (no master_view)",
+                code=RPC_FAIL,
+            )
 
     def _setup_job(self) -> None:
+        if self.isolated:  # (the child sets these before it imports the wheel)
+            client: Any = ChildClient(
+                {**self._client_settings(), **quiet_settings()},
+                setup_timeout=self.setup_timeout,
+                call_timeout=2 * self.rpc_timeout + 5.0,  # (reconnects take ~4.3 s)
+            )
+            with self._cond:
+                self._client = client
+            rc = client.setup(dict(self._config))
+        else:
+            rc = self._setup_here()
+        if rc != 0:
+            raise StoreError(
+                f"Mooncake setup() against {self.master_address} returned {rc}", code=int(rc)
+            )
+        self._after_setup(self._client)
+
+    def _setup_here(self) -> int:
+        """Build and set up the client in this process (``setup()`` holds the GIL)."""
+        if self.etcd_endpoints is not None:
+            claim_endpoints(self.master_address)  # (one etcd string per process)
         quiet = quiet_settings()
         with client_env({**self._client_settings(), **quiet}), setup_output(bool(quiet)):
             # (imported here: the wheel reads MC_LOG_LEVEL once, when it loads)
@@ -366,12 +438,7 @@ class ClientPool:
             client = MooncakeDistributedStore()
             with self._cond:
                 self._client = client  # so a close after a failed setup still closes it
-            rc = client.setup(dict(self._config))
-        if rc != 0:
-            raise StoreError(
-                f"Mooncake setup() against {self.master_address} returned {rc}", code=int(rc)
-            )
-        self._after_setup(client)
+            return int(client.setup(dict(self._config)))
 
     def _call_finished(self, _fut: concurrent.futures.Future[Any]) -> None:
         with self._cond:
@@ -420,6 +487,7 @@ class ClientPool:
             idle = self._cond.wait_for(lambda: self._inflight == 0, timeout=_CLOSE_WAIT)
             client, self._client = self._client, None
         try:
+            self._before_close()
             # Closing with calls still running would crash the process: leak it instead.
             if client is not None and idle:
                 client.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Answer", "CallbackStore", "Key", "Store", "as_bytes"]
+__all__ = ["Answer", "CallbackStore", "Epochs", "Key", "Store", "as_bytes", "epochs_of"]
 
 Key = bytes | str
 """A store key: ASCII bytes (what plans produce) or str; Mooncake takes both."""
@@ -46,3 +46,23 @@ class CallbackStore(Store, Protocol):
     def batch_is_exist_then(self, keys: Sequence[Key], then: Answer) -> None:
         """Start answering ``keys``; ``then`` gets the outcome on the loop's thread."""
         ...
+
+
+@runtime_checkable
+class Epochs(Protocol):
+    """What a store may say of its master, as a plain attribute ``store.epochs`` (read by
+    the coordinator on every lookup: attribute reads only).
+
+    ``epoch`` grows by one whenever the master may have lost what it answered before (it
+    restarted, or another one took over): the coordinator then forgets every presence it
+    cached. ``reachable`` is True / False while the master's port is known up / down, None
+    when unknown."""
+
+    epoch: int
+    reachable: bool | None
+
+
+def epochs_of(store: object) -> Epochs | None:
+    """The store's :class:`Epochs`, if it keeps them."""
+    epochs = getattr(store, "epochs", None)
+    return epochs if isinstance(epochs, Epochs) else None

@@ -1,0 +1,21 @@
+"""The compiled extensions (docs/design.md, "Compiled extensions"); everything else is in
+pyproject.toml.
+
+Each extension is optional: without a C compiler, Python's headers or OpenSSL's (Debian's
+``build-essential``, ``python3-dev``, ``libssl-dev``) the build skips it with a warning and the
+package runs its pure-Python code (``aio_mclookup._native``).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "aio_mclookup._hashing._chain_c",
+            ["src/aio_mclookup/_hashing/_chain_c.c"],
+            libraries=["crypto"],
+            extra_compile_args=["-O3", "-Wno-deprecated-declarations"],
+            optional=True,
+        )
+    ]
+)

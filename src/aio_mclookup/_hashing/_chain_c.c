@@ -1,0 +1,275 @@
+/* The SHA-256 block chain of BlockHasher in one C loop (the compiled twin of the chain in
+ * _hasher.py and the payload layout in _payload.py; docs/design.md, "Compiled extensions").
+ *
+ * Block i's hash is SHA-256(payload_i), payload_i = head + parent + body_i, parent being block
+ * i-1's hash (the caller's start digest for block 0). The payload is vLLM's serialisation of
+ * (parent, tuple(block tokens), extra): pickle protocol 5 (sha256) or canonical CBOR
+ * (sha256_cbor); the layout is written out in _payload.py.
+ *
+ *   plain(tokens, block_size, cbor, parent) -> bytearray | None
+ *       blocks without extra keys (extra = None), serialised here from the token ids (a 1-D
+ *       buffer of 4- or 8-byte unsigned ints); None when an id of a full block is >= 2**63 or
+ *       a pickle would need a second frame: the Python path then names or handles it.
+ *   bodies(parent, bodies, cbor) -> bytearray
+ *       blocks whose bodies the Python code built (extra keys): only the chain is done here.
+ *
+ * Both return the digests of every block, concatenated (n_blocks * 32 bytes). SHA-256 is
+ * OpenSSL's libcrypto (its SHA256_* functions, the ones with the CPU's SHA instructions).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <openssl/sha.h>
+#include <stdint.h>
+#include <string.h>
+
+#define WIDTH 32
+#define FRAME_LIMIT 65000     /* _payload.PICKLE_FRAME_LIMIT: one pickle frame below this */
+#define TOKEN_LIMIT (1ULL << 63)
+#define HEAD_ROOM 64          /* bytes before a body: the longest head (13) + the parent */
+#define NOGIL_BLOCKS 64       /* chains of at least this many blocks let other threads run */
+
+/* One token id's record; returns its length. */
+static inline size_t
+pickle_record(uint8_t *out, uint64_t v)
+{
+    if (v < 0x100) {
+        out[0] = 0x4B; out[1] = (uint8_t)v; return 2;                    /* BININT1 */
+    }
+    if (v < 0x10000) {
+        out[0] = 0x4D; out[1] = (uint8_t)v; out[2] = (uint8_t)(v >> 8); return 3;  /* BININT2 */
+    }
+    if (v < 0x80000000ULL) {
+        out[0] = 0x4A;                                                   /* BININT */
+        for (int i = 0; i < 4; i++) out[1 + i] = (uint8_t)(v >> (8 * i));
+        return 5;
+    }
+    /* LONG1: little-endian two's complement, bit_length // 8 + 1 bytes */
+    int bits = 64 - __builtin_clzll(v);
+    size_t n = (size_t)(bits / 8 + 1);
+    out[0] = 0x8A; out[1] = (uint8_t)n;
+    for (size_t i = 0; i < n; i++) out[2 + i] = i < 8 ? (uint8_t)(v >> (8 * i)) : 0;
+    return 2 + n;
+}
+
+/* A CBOR head of major type `major` with the shortest argument for `v`; returns its length. */
+static inline size_t
+cbor_head(uint8_t *out, unsigned major, uint64_t v)
+{
+    uint8_t mt = (uint8_t)(major << 5);
+    if (v < 24) { out[0] = mt | (uint8_t)v; return 1; }
+    size_t n; uint8_t info;
+    if (v < 0x100) { n = 1; info = 24; }
+    else if (v < 0x10000) { n = 2; info = 25; }
+    else if (v < 0x100000000ULL) { n = 4; info = 26; }
+    else { n = 8; info = 27; }
+    out[0] = mt | info;
+    for (size_t i = 0; i < n; i++) out[1 + i] = (uint8_t)(v >> (8 * (n - 1 - i)));
+    return 1 + n;
+}
+
+/* The head before the parent, by body length; written to end at `end`; returns its start. */
+static inline uint8_t *
+put_head(uint8_t *end, size_t body_len, int cbor)
+{
+    if (cbor) {  /* 3-array, byte string of WIDTH */
+        end -= 3;
+        end[0] = 0x83; end[1] = 0x58; end[2] = WIDTH;
+        return end;
+    }
+    end -= 13;   /* PROTO 5, FRAME (payload length - 11), BINBYTES WIDTH */
+    uint64_t frame = WIDTH + body_len + 2;
+    end[0] = 0x80; end[1] = 0x05; end[2] = 0x95;
+    for (int i = 0; i < 8; i++) end[3 + i] = (uint8_t)(frame >> (8 * i));
+    end[11] = 0x43; end[12] = WIDTH;
+    return end;
+}
+
+static inline void
+sha256(const uint8_t *data, size_t len, uint8_t *digest)
+{
+    SHA256_CTX ctx;
+    SHA256_Init(&ctx);
+    SHA256_Update(&ctx, data, len);
+    SHA256_Final(digest, &ctx);
+}
+
+static inline uint64_t
+token_at(const char *buf, Py_ssize_t itemsize, Py_ssize_t i)
+{
+    if (itemsize == 8) { uint64_t v; memcpy(&v, buf + 8 * i, 8); return v; }
+    uint32_t v; memcpy(&v, buf + 4 * i, 4); return v;
+}
+
+/* Serialise and hash n_blocks blocks; 0 on success, -1 when one needs the Python path. */
+static int
+chain_plain(const char *tokens, Py_ssize_t itemsize, Py_ssize_t n_blocks, Py_ssize_t h,
+            int cbor, const uint8_t *start, uint8_t *out, uint8_t *buf)
+{
+    const uint8_t *parent = start;
+    uint8_t *body = buf + HEAD_ROOM;
+    for (Py_ssize_t b = 0; b < n_blocks; b++) {
+        uint8_t *p = body;
+        const Py_ssize_t first = b * h;
+        if (cbor) {
+            p += cbor_head(p, 4, (uint64_t)h);
+            for (Py_ssize_t j = 0; j < h; j++) {
+                uint64_t v = token_at(tokens, itemsize, first + j);
+                if (v >= TOKEN_LIMIT) return -1;
+                p += cbor_head(p, 0, v);
+            }
+            *p++ = 0xF6;                                  /* None */
+        } else {
+            *p++ = 0x94;                                  /* MEMOIZE (the parent) */
+            if (h > 3) *p++ = 0x28;                       /* MARK */
+            for (Py_ssize_t j = 0; j < h; j++) {
+                uint64_t v = token_at(tokens, itemsize, first + j);
+                if (v >= TOKEN_LIMIT) return -1;
+                p += pickle_record(p, v);
+            }
+            *p++ = h > 3 ? 0x74 : (uint8_t)(0x84 + h);    /* TUPLE or TUPLE1..3 */
+            *p++ = 0x94;
+            *p++ = 0x4E;                                  /* None */
+            *p++ = 0x87; *p++ = 0x94; *p++ = 0x2E;        /* TUPLE3, MEMOIZE, STOP */
+        }
+        size_t body_len = (size_t)(p - body);
+        if (!cbor && body_len + 2 + WIDTH >= FRAME_LIMIT) return -1;
+        memcpy(body - WIDTH, parent, WIDTH);
+        uint8_t *head = put_head(body - WIDTH, body_len, cbor);
+        uint8_t *digest = out + b * WIDTH;
+        sha256(head, (size_t)(p - head), digest);
+        parent = digest;
+    }
+    return 0;
+}
+
+static int
+parse_parent(PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) return -1;
+    if (view->len != WIDTH) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "parent must be %d bytes", WIDTH);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+plain(PyObject *self, PyObject *args)
+{
+    PyObject *tokens_obj, *parent_obj;
+    Py_ssize_t h;
+    int cbor;
+    if (!PyArg_ParseTuple(args, "OnpO:plain", &tokens_obj, &h, &cbor, &parent_obj)) return NULL;
+    if (h < 1 || h > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "block_size out of range");
+        return NULL;
+    }
+    Py_buffer tokens, parent;
+    if (PyObject_GetBuffer(tokens_obj, &tokens, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (tokens.ndim != 1 || (tokens.itemsize != 4 && tokens.itemsize != 8) || tokens.format == NULL
+        || strchr("IiLlQqNn", tokens.format[strlen(tokens.format) - 1]) == NULL) {
+        PyBuffer_Release(&tokens);
+        PyErr_SetString(PyExc_TypeError, "tokens must be a 1-D buffer of 4- or 8-byte ints");
+        return NULL;
+    }
+    if (parse_parent(parent_obj, &parent) < 0) {
+        PyBuffer_Release(&tokens);
+        return NULL;
+    }
+    Py_ssize_t n_blocks = tokens.shape[0] / h;
+    PyObject *result = PyByteArray_FromStringAndSize(NULL, n_blocks * WIDTH);
+    /* a body: open (<= 10), records (<= 10 each), close (<= 6) */
+    uint8_t *buf = result ? PyMem_RawMalloc((size_t)(HEAD_ROOM + 16 + 10 * h)) : NULL;
+    if (result != NULL && buf == NULL) PyErr_NoMemory();
+    int rc = -2;
+    if (buf != NULL) {
+        uint8_t start[WIDTH];
+        memcpy(start, parent.buf, WIDTH);
+        uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(result);
+        if (n_blocks >= NOGIL_BLOCKS) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = chain_plain(tokens.buf, tokens.itemsize, n_blocks, h, cbor, start, out, buf);
+            Py_END_ALLOW_THREADS
+        } else {
+            rc = chain_plain(tokens.buf, tokens.itemsize, n_blocks, h, cbor, start, out, buf);
+        }
+        PyMem_RawFree(buf);
+    }
+    PyBuffer_Release(&tokens);
+    PyBuffer_Release(&parent);
+    if (rc == -2) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    if (rc < 0) {
+        Py_DECREF(result);
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+static PyObject *
+bodies(PyObject *self, PyObject *args)
+{
+    PyObject *parent_obj, *seq_obj;
+    int cbor;
+    if (!PyArg_ParseTuple(args, "OOp:bodies", &parent_obj, &seq_obj, &cbor)) return NULL;
+    Py_buffer parent;
+    if (parse_parent(parent_obj, &parent) < 0) return NULL;
+    uint8_t digest[WIDTH];
+    memcpy(digest, parent.buf, WIDTH);
+    PyBuffer_Release(&parent);
+    PyObject *seq = PySequence_Fast(seq_obj, "bodies must be a sequence of bytes");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = PyByteArray_FromStringAndSize(NULL, n * WIDTH);
+    if (result == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(result);
+    uint8_t head[HEAD_ROOM];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBytes_Check(item)) {
+            Py_DECREF(seq);
+            Py_DECREF(result);
+            PyErr_SetString(PyExc_TypeError, "bodies must be a sequence of bytes");
+            return NULL;
+        }
+        size_t len = (size_t)PyBytes_GET_SIZE(item);
+        memcpy(head + HEAD_ROOM - WIDTH, i ? out + (i - 1) * WIDTH : digest, WIDTH);
+        uint8_t *start = put_head(head + HEAD_ROOM - WIDTH, len, cbor);
+        SHA256_CTX ctx;
+        SHA256_Init(&ctx);
+        SHA256_Update(&ctx, start, (size_t)(head + HEAD_ROOM - start));
+        SHA256_Update(&ctx, PyBytes_AS_STRING(item), len);
+        SHA256_Final(out + i * WIDTH, &ctx);
+    }
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"plain", plain, METH_VARARGS,
+     "plain(tokens, block_size, cbor, parent): the digests of the full blocks without extra "
+     "keys, concatenated (a bytearray), or None (the Python path must take them)."},
+    {"bodies", bodies, METH_VARARGS,
+     "bodies(parent, bodies, cbor): the digests of blocks with these payload bodies, "
+     "concatenated (a bytearray)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "aio_mclookup._hashing._chain_c",
+    "The SHA-256 block chain in one C loop (see _chain_c.c).", -1, methods, NULL, NULL, NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__chain_c(void)
+{
+    return PyModule_Create(&module);
+}
