@@ -72,7 +72,7 @@ def _needs_mooncake() -> None:
     ("argv", "message"),
     [
         (["loadgen", "--preset", "nope"],
-         "unknown preset 'nope' (choose from chat, dsv4, sessions)"),
+         "unknown preset 'nope' (choose from chat, dsv4, sessions, sglang)"),
         (["loadgen", "--concurrency", "0"], "--concurrency must be >= 1, got 0"),
         (["loadgen", "--concurrency", "4,-2"], "--concurrency must be >= 1, got -2"),
         (["loadgen", "--concurrency", "four"], "--concurrency must be integers >= 1"),

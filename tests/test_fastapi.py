@@ -414,6 +414,7 @@ async def test_openapi_documents_routes_bodies_and_errors() -> None:
         "lora_path",
         "cache_salt",
         "mm_features",
+        "extra_key",
     }
     assert all(p.get("description") for p in request["properties"].values())
     assert request["examples"] and request["additionalProperties"] is False

@@ -207,7 +207,9 @@ async def test_without_a_hasher_token_ids_are_refused() -> None:
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "token_ids"]
         assert "hasher" in r.json()["detail"][0]["msg"]
         layout = (await client.get("/v1/layout")).json()
-    assert layout == {"layout": LAYOUT.to_dict(), "hasher": None}
+    assert layout == {
+        "layout": LAYOUT.to_dict(), "hasher": None, "engine": "vllm", "version": "0.33.0"
+    }
     with pytest.raises(ValueError, match="hasher"):
         create_router(hasher=object())  # type: ignore[arg-type]
 

@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn")
 
 import httpx
 
-from aio_mclookup import FakeStore, InvalidRequest, KVLayout, StoreError, _cli
+from aio_mclookup import FakeStore, InvalidRequest, KVLayout, SGLangLayout, StoreError, _cli
 from aio_mclookup.fastapi import create_app
 from aio_mclookup.fastapi._ready import create_readiness_router
 from aio_mclookup.fastapi._serve import ENVIRONMENT, ServeSettings
@@ -35,6 +35,7 @@ from helpers import chain
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT_FILE = ROOT / "examples" / "layouts" / "single_full_attention.json"
 LAYOUT = KVLayout.from_dict(json.loads(LAYOUT_FILE.read_text()))
+SGLANG_FILE = ROOT / "examples" / "layouts" / "sglang_qwen3_tp2.json"
 STOP_WITHIN = 10.0
 
 
@@ -99,6 +100,29 @@ def test_a_hash_configuration_that_cannot_be_reproduced_is_refused() -> None:
         settings.load_hasher(settings.load_layout())
     with pytest.raises(InvalidRequest, match=r"nope\.json: cannot read it"):
         ServeSettings.from_environ(env(layout="nope.json")).load_layout()
+
+
+def test_either_engines_layout_file(tmp_path: Path) -> None:
+    sglang = ServeSettings.from_environ(env(layout=str(SGLANG_FILE)))
+    layout = sglang.load_layout()
+    assert isinstance(layout, SGLangLayout) and layout.tp_size == 2
+    assert layout == SGLangLayout.from_dict(json.loads(SGLANG_FILE.read_text()))
+    assert sglang.load_hasher(layout) is None  # (the layout hashes its pages itself)
+    salted = ServeSettings.from_environ(env(layout=str(SGLANG_FILE), hash_seed="1"))
+    with pytest.raises(InvalidRequest, match="AIO_MCLOOKUP_HASH_SEED: SGLang hashes pages"):
+        salted.load_hasher(layout)
+    said = tmp_path / "vllm.json"
+    said.write_text(json.dumps({"engine": "vllm", **json.loads(LAYOUT_FILE.read_text())}))
+    assert ServeSettings.from_environ(env(layout=str(said))).load_layout() == LAYOUT
+    for bad, message in (
+        ({"engine": "trtllm"}, '"engine" must be "vllm" or "sglang"'),
+        ({"engine": "sglang", "page_size": 64}, "'sglang_version' is required"),
+        ({"engine": "sglang", "sglang_version": "0.4.0", "page_size": 64}, "not supported"),
+    ):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(InvalidRequest, match="not a valid layout: .*" + re.escape(message)):
+            ServeSettings.from_environ(env(layout=str(path))).load_layout()
 
 
 def run_cli(*argv: str) -> tuple[int, str]:
@@ -254,10 +278,58 @@ async def test_serve_answers_from_a_real_master_and_stops_on_sigterm(
 
 
 @pytest.mark.integration
-async def test_serve_demo_starts_a_master_and_loads_demo_keys(tmp_path: Path) -> None:
+async def test_serve_with_an_sglang_layout_answers_from_token_ids(
+    local_master: Any, store_writer: Any, mooncake_store: Any, tmp_path: Path
+) -> None:
+    layout = SGLangLayout.from_dict(json.loads(SGLANG_FILE.read_text()))
+    doc = list(range(20_000, 20_000 + 1024))
+    every = SGLangLayout.from_dict({**layout.to_dict(), "prefetch_threshold": 0})
+    written = every.plan(6 * 64 + 1, layout.page_hashes(doc)).keys  # pages 0-5
+    salted = every.plan(5 * 64 + 1, layout.page_hashes(doc, extra_key="lora")).keys
+    assert await store_writer.put_keys([k.decode() for k in written + salted]) == 44
+    requests = [
+        {"token_ids": doc},
+        {"token_ids": doc[:300]},
+        {"token_ids": doc[:200]},  # 3 pages offered: below the threshold
+        {"token_ids": doc, "extra_key": "lora"},
+        {"token_ids": doc, "cache_salt": "other"},
+    ]
+    expected = []
+    for req in requests:
+        ids = req["token_ids"]
+        hashes = layout.page_hashes(ids, req.get("extra_key"), req.get("cache_salt"))
+        plan = layout.plan(len(ids), hashes)
+        answers = await mooncake_store.batch_is_exist(plan.keys) if plan.keys else []
+        expected.append(plan.resolve(answers))
+    assert expected == [384, 256, 0, 320, 0]
+    argv = ["--layout", str(SGLANG_FILE), "--master", local_master.master_address]
+    argv += ["--metadata", local_master.metadata_server]
+    log = tmp_path / "serve-sglang.log"
+    async with serving(argv, log) as (_proc, client):
+        for req, hit in zip(requests, expected):
+            r = await client.post("/v1/lookup", json=req)
+            assert r.status_code == 200 and r.json() == {"hit_tokens": hit}, r.text
+        r = await client.post("/v1/lookup/batch", json={"requests": requests})
+        assert r.json() == {"hit_tokens": expected}
+        hashes = layout.page_hashes(doc)
+        body = {"num_tokens": len(doc), "block_hashes": [h.hex() for h in hashes]}
+        assert (await client.post("/v1/lookup", json=body)).json() == {"hit_tokens": 384}
+        r = await client.post("/v1/lookup", json={"token_ids": doc, "lora_name": "x"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "lora_name"]
+        shown = (await client.get("/v1/layout")).json()
+        assert (shown["engine"], shown["version"]) == ("sglang", "0.5.23")
+        assert shown["layout"] == layout.to_dict()
+    assert "SGLang 0.5.23 HiCache rules" in _text(log)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout_file", [LAYOUT_FILE, SGLANG_FILE], ids=["vllm", "sglang"])
+async def test_serve_demo_starts_a_master_and_loads_demo_keys(
+    tmp_path: Path, layout_file: Path
+) -> None:
     pytest.importorskip("mooncake.store")
     log = tmp_path / "demo.log"
-    argv = ["--demo", "--demo-keys", "--layout", str(LAYOUT_FILE)]
+    argv = ["--demo", "--demo-keys", "--layout", str(layout_file)]
     async with serving(argv, log) as (_proc, client):
         text = _text(log)
         found = re.search(r"demo master at (127\.0\.0\.1:\d+), metadata server (http://\S+)", text)

@@ -23,7 +23,8 @@ from typing import Any, NoReturn, TextIO, TypeVar
 from ._cli_serve import add_serve_parser, serve
 from ._errors import InvalidRequest
 from ._layout.layout import KVLayout
-from ._loadgen.workload import PRESETS, WorkloadSpec, preset_layout
+from ._layout.sglang import SGLangLayout
+from ._loadgen.workload import PRESETS, SGLANG_PRESETS, WorkloadSpec, preset_layout
 
 __all__ = ["build_parser", "main"]
 
@@ -99,11 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--preset",
         metavar="NAME",
-        help=f"named layout: {', '.join(sorted(PRESETS))} (default: chat); sessions also sets "
-        "its workload (128 sessions, every turn asked for)",
+        help=f"named layout: {', '.join(sorted([*PRESETS, *SGLANG_PRESETS]))} (default: "
+        "chat); sessions also sets its workload (128 sessions, every turn asked for); sglang is "
+        "an SGLang HiCache deployment, its prompts token ids, its seed-naive way one "
+        "batch_exists per querying rank",
     )
     ex.add_argument(
-        "--layout", metavar="FILE.json", help="layout file in the KVLayout.from_dict schema"
+        "--layout",
+        metavar="FILE.json",
+        help='layout file in the KVLayout.from_dict schema (with "engine": "sglang", '
+        "SGLangLayout.from_dict)",
     )
 
     g = lg.add_argument_group("store")
@@ -268,7 +274,7 @@ def _concurrency(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _load_layout(args: argparse.Namespace) -> tuple[KVLayout, str]:
+def _load_layout(args: argparse.Namespace) -> tuple[KVLayout | SGLangLayout, str]:
     if args.layout is not None:
         try:
             with open(args.layout, encoding="utf-8") as f:
@@ -278,6 +284,8 @@ def _load_layout(args: argparse.Namespace) -> tuple[KVLayout, str]:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InvalidRequest(f"--layout: {args.layout} is not valid JSON: {exc}") from None
         try:
+            if isinstance(raw, dict) and raw.get("engine") == "sglang":
+                return SGLangLayout.from_dict(raw), args.layout
             return KVLayout.from_dict(raw), args.layout
         except InvalidRequest as exc:
             raise InvalidRequest(f"--layout: {args.layout} is not a valid layout: {exc}") from None

@@ -70,7 +70,8 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="serve prefix lookups over HTTP (the FastAPI router, under uvicorn)",
         description=(
             "Serve POST /v1/lookup and /v1/lookup/batch (vLLM's scheduler count of a request's "
-            "tokens found in the Mooncake store), GET /v1/layout, /healthz, /readyz (the store "
+            "tokens found in the Mooncake store, or SGLang's L3 hit for an SGLang layout file), "
+            "GET /v1/layout, /healthz, /readyz (the store "
             "answers an RPC now) and /metrics (Prometheus), with OpenAPI docs at /docs. Needs "
             "the serve extra (from a clone: pip install -e '.[serve,cpu]')."
         ),
@@ -79,7 +80,11 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     )
     sv.set_defaults(subparser=sv)
     g = sv.add_argument_group("what to serve")
-    g.add_argument("--layout", metavar="FILE.json", help="layout file (KVLayout.from_dict)")
+    g.add_argument(
+        "--layout",
+        metavar="FILE.json",
+        help='layout file (KVLayout.from_dict; with "engine": "sglang", SGLangLayout.from_dict)',
+    )
     g.add_argument(
         "--hash-algo",
         metavar="NAME",
@@ -254,14 +259,24 @@ def _demo_store(args: argparse.Namespace, settings: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _demo_keys(args: argparse.Namespace, settings: Any) -> Iterator[None]:
-    """Store the first half of a demo prompt (synthetic block hashes of a 512-token prompt)
-    and print a request for the whole prompt, with the hit it gets."""
-    from . import FakeStore, LookupCoordinator
+    """Store the first half of a demo prompt (synthetic block hashes of a 512-token prompt;
+    for an SGLang layout, its pages of token ids) and print a request for the whole prompt,
+    with the hit it gets."""
+    from . import FakeStore, LookupCoordinator, SGLangLayout
     from ._local.writer import StoreWriter
 
     layout = settings.load_layout()
-    hashes = _demo_hashes(layout.hash_block_size, _DEMO_TOKENS // layout.hash_block_size)
-    stored = layout.plan(_DEMO_TOKENS // 2, hashes[: len(hashes) // 2]).keys
+    request: dict[str, Any]
+    if isinstance(layout, SGLangLayout):  # token ids: SGLang's router has no hashes
+        ids = list(range(1000, 1000 + _DEMO_TOKENS))
+        hashes = layout.page_hashes(ids)
+        written = SGLangLayout.from_dict({**layout.to_dict(), "prefetch_threshold": 0})
+        stored = written.plan(_DEMO_TOKENS // 2 + 1, hashes).keys
+        request = {"token_ids": ids}
+    else:
+        hashes = _demo_hashes(layout.hash_block_size, _DEMO_TOKENS // layout.hash_block_size)
+        stored = layout.plan(_DEMO_TOKENS // 2, hashes[: len(hashes) // 2]).keys
+        request = {"num_tokens": _DEMO_TOKENS, "block_hashes": [h.hex() for h in hashes]}
 
     async def expected() -> int:
         async with LookupCoordinator(layout, FakeStore(stored)) as coordinator:
@@ -272,13 +287,11 @@ def _demo_keys(args: argparse.Namespace, settings: Any) -> Iterator[None]:
     writer = StoreWriter(settings.master, settings.metadata)
     asyncio.run(writer.open())
     try:
-        asyncio.run(writer.put_keys(stored))
+        asyncio.run(writer.put_keys([k.decode() if isinstance(k, bytes) else k for k in stored]))
         hit = asyncio.run(expected())
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="aio-mclookup-demo-"))
         body = Path(folder) / "request.json"
-        body.write_text(
-            json.dumps({"num_tokens": _DEMO_TOKENS, "block_hashes": [h.hex() for h in hashes]})
-        )
+        body.write_text(json.dumps(request))
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         _say(
             f"demo keys: {len(stored)} keys of a {_DEMO_TOKENS}-token prompt stored (its first "

@@ -10,6 +10,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .._layout.layout import KVLayout
+from .._layout.sglang import SGLangLayout
 from .results import COORDINATOR, NAIVE, LoadgenReport, RunResult
 from .workload import describe_hasher, describe_layout
 
@@ -36,21 +38,16 @@ def format_summary(report: LoadgenReport) -> str:
             f"are stored (hit ratio {spec.hit_ratio:g}); seed {spec.seed}"
         )
         layout = cfg.layout
-        if layout.vllm_version == "0.26.0":
-            how = (
-                f"the aligned length (floored to the {layout.scheduler_block_size}-token "
-                "scheduler block), one token left to compute, as vLLM 0.26's scheduler does"
+        if isinstance(layout, SGLangLayout):
+            lines.append(
+                f"          prompts {s['prompt_tokens_min']:,}-{s['prompt_tokens_max']:,} "
+                f"tokens (mean {s['prompt_tokens_mean']:,.0f}); each lookup counts SGLang "
+                f"{layout.sglang_version}'s L3 hit: the first num_tokens - 1 tokens in whole "
+                f"{layout.page_size}-token pages, every querying rank's first missing page, the "
+                f"minimum over ranks, none below {layout.prefetch_threshold} tokens"
             )
         else:
-            how = (
-                f"num_tokens as vLLM {layout.vllm_version}'s scheduler sends it (the worker "
-                f"aligns to {layout.lookup_alignment} tokens and leaves one token)"
-            )
-        lines.append(
-            f"          prompts {s['prompt_tokens_min']:,}-{s['prompt_tokens_max']:,} tokens "
-            f"(mean {s['prompt_tokens_mean']:,.0f}); each lookup counts what vLLM's "
-            f"scheduler does: {how}"
-        )
+            lines.append(_vllm_counts(layout, s))
     st = report.store
     if st:
         where = f"{st.get('kind', '?')} {st.get('master', '')}".strip()
@@ -171,13 +168,34 @@ def _savings(report: LoadgenReport) -> list[str]:
         skipped = max(planned - sent - cached - shared, 0)
         ttl = report.config.cache_ttl
         cache = f"{cached / planned:.0%} answered by the {ttl:g} s positive cache" if ttl else ""
+        sglang = isinstance(report.config.layout, SGLangLayout)
+        sends = "every key of the plan, once" if sglang else "what vLLM sends"
         out.append(
-            f"coordinator keys per lookup: {planned / n:.1f} planned (what vLLM sends) -> "
+            f"coordinator keys per lookup: {planned / n:.1f} planned ({sends}) -> "
             f"{sent / n:.1f} sent; of the planned keys {skipped / planned:.0%} were skipped by "
             f"probing in rounds, {shared / planned:.0%} shared with concurrent lookups"
             + (f", {cache}" if cache else "")
         )
     return out
+
+
+def _vllm_counts(layout: KVLayout, s: dict[str, Any]) -> str:
+    """The summary's line on prompt sizes and what a vLLM lookup counts."""
+    if layout.vllm_version == "0.26.0":
+        how = (
+            f"the aligned length (floored to the {layout.scheduler_block_size}-token "
+            "scheduler block), one token left to compute, as vLLM 0.26's scheduler does"
+        )
+    else:
+        how = (
+            f"num_tokens as vLLM {layout.vllm_version}'s scheduler sends it (the worker "
+            f"aligns to {layout.lookup_alignment} tokens and leaves one token)"
+        )
+    return (
+        f"          prompts {s['prompt_tokens_min']:,}-{s['prompt_tokens_max']:,} tokens "
+        f"(mean {s['prompt_tokens_mean']:,.0f}); each lookup counts what vLLM's "
+        f"scheduler does: {how}"
+    )
 
 
 def write_json(report: LoadgenReport, target: str, stdout: TextIO) -> None:
@@ -299,7 +317,11 @@ def write_png(report: LoadgenReport, path: str) -> str | None:
     ax_work.set_ylabel("per lookup (log scale)")
     ax_work.set_title(
         "Store work per lookup: batch_is_exist RPCs and keys sent\n"
-        "(seed-naive: 1 RPC with every planned key)",
+        + (
+            "(seed-naive: 1 RPC per querying rank, with its keys)"
+            if isinstance(report.config.layout, SGLangLayout)
+            else "(seed-naive: 1 RPC with every planned key)"
+        ),
         fontsize=10,
     )
     for ax in (ax_tput, ax_work):
@@ -321,7 +343,7 @@ def write_png(report: LoadgenReport, path: str) -> str | None:
         _log_ticks(ax_work.yaxis, min(work), max(work))
     cfg = report.config
     fig.suptitle(
-        f"aio-mclookup loadgen: {cfg.layout.model} ({cfg.layout_source}), "
+        f"aio-mclookup loadgen: {_model(cfg.layout)} ({cfg.layout_source}), "
         f"{os.cpu_count()} CPUs, {report.loop_name}",
         fontsize=11,
     )
@@ -329,3 +351,9 @@ def write_png(report: LoadgenReport, path: str) -> str | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return None
+
+
+def _model(layout: KVLayout | SGLangLayout) -> str:
+    if isinstance(layout, SGLangLayout):
+        return f"{layout.model_name or '(no model name)'} (SGLang {layout.sglang_version})"
+    return layout.model

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._layout.layout import KVLayout
+from .._layout.sglang import SGLangLayout
 from .workload import Workload, WorkloadSpec
 
 __all__ = [
@@ -31,7 +32,7 @@ gets (see :func:`~.baseline.per_request_lookup`)."""
 class LoadgenConfig:
     """Everything one ``aio-mclookup loadgen`` invocation needs (already validated)."""
 
-    layout: KVLayout
+    layout: KVLayout | SGLangLayout
     layout_source: str
     spec: WorkloadSpec
     requests: int | None = None
@@ -185,11 +186,7 @@ class LoadgenReport:
             "version": version(),
             "layout_source": cfg.layout_source,
             "layout": cfg.layout.to_dict(),
-            "alignment": (
-                "each request's num_tokens is aligned with layout.align(num_tokens) (floored to "
-                f"the {cfg.layout.scheduler_block_size}-token scheduler block, as vLLM's "
-                "scheduler does) before the lookup"
-            ),
+            "alignment": _alignment(cfg.layout),
             "workload": workload,
             "token_ids": (
                 {
@@ -239,6 +236,20 @@ class LoadgenReport:
                 "event_loop": self.loop_name,
             },
         }
+
+
+def _alignment(layout: KVLayout | SGLangLayout) -> str:
+    if isinstance(layout, SGLangLayout):
+        return (
+            "each lookup is SGLang's L3 hit for num_tokens: its first num_tokens - 1 tokens in "
+            f"whole {layout.page_size}-token pages (aligned_tokens), nothing below the "
+            f"prefetch threshold of {layout.prefetch_threshold} tokens"
+        )
+    return (
+        "each request's num_tokens is aligned with layout.align(num_tokens) (floored to "
+        f"the {layout.scheduler_block_size}-token scheduler block, as vLLM's "
+        "scheduler does) before the lookup"
+    )
 
 
 def _hasher_config(cfg: LoadgenConfig) -> dict[str, Any]:

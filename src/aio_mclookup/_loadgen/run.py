@@ -20,6 +20,7 @@ from .._hashing import BlockHasher
 from .baseline import Lookup, RawClient, naive_lookup
 from .results import COORDINATOR, NAIVE, LoadgenConfig, LoadgenReport, RunResult
 from .workload import (
+    PageHasher,
     Request,
     Workload,
     build_workload,
@@ -163,7 +164,7 @@ async def coordinator_run(
     concurrency: int,
     stop: asyncio.Event,
     progress: Progress,
-    hasher: BlockHasher | None = None,
+    hasher: BlockHasher | PageHasher | None = None,
 ) -> RunResult:
     """One coordinator run. With ``hasher`` (a token-id workload) each lookup first hashes its
     request's token ids, timed into ``result.hash_times`` and included in its latency."""
@@ -217,7 +218,7 @@ async def naive_run(
     concurrency: int,
     stop: asyncio.Event,
     progress: Progress,
-    hasher: BlockHasher | None = None,
+    hasher: BlockHasher | PageHasher | None = None,
 ) -> RunResult:
     """One seed-naive run (``hasher``: as :func:`coordinator_run`)."""
     result = RunResult(NAIVE, concurrency, planned(cfg, requests))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,10 +44,13 @@ from .._errors import InvalidRequest
 from .._hashing import BlockHasher
 from .._layout.groups import FullAttention, SlidingWindow
 from .._layout.layout import KVLayout
+from .._layout.sglang import SGLangLayout
 
 __all__ = [
     "PRESETS",
     "PRESET_WORKLOADS",
+    "SGLANG_PRESETS",
+    "PageHasher",
     "VOCAB",
     "Request",
     "Workload",
@@ -115,14 +118,32 @@ sharing 4 system prompts of 1,024 tokens, each at some turn of six, every turn a
 the earlier turns stored, every turn up to the current one asked for."""
 
 
-def preset_layout(name: str) -> KVLayout:
-    """The :class:`KVLayout` of a preset; :class:`InvalidRequest` for an unknown name."""
+SGLANG_PRESETS: dict[str, dict[str, Any]] = {
+    "sglang": {
+        "engine": "sglang",
+        "sglang_version": "0.5.23",
+        "page_size": 64,
+        "model_name": "Qwen/Qwen3-8B",
+        "tp_size": 2,
+    },
+}
+"""Named SGLang HiCache deployments (:meth:`SGLangLayout.from_dict` form): ``sglang`` is
+bench_sglang's, Qwen3-8B at TP 2 (MHA: four objects per page), 64-token pages, the default
+prefetch threshold (256 tokens). Its workload is the chat one, from token ids."""
+
+PRESET_WORKLOADS["sglang"] = {"token_ids": True}
+
+
+def preset_layout(name: str) -> KVLayout | SGLangLayout:
+    """The layout of a preset (an :class:`SGLangLayout` for :data:`SGLANG_PRESETS`, else a
+    :class:`KVLayout`); :class:`InvalidRequest` for an unknown name."""
+    if name in SGLANG_PRESETS:
+        return SGLangLayout.from_dict(SGLANG_PRESETS[name])
     try:
         cfg = PRESETS[name]
     except KeyError:
-        raise InvalidRequest(
-            f"unknown preset {name!r} (choose from {', '.join(sorted(PRESETS))})"
-        ) from None
+        names = ", ".join(sorted([*PRESETS, *SGLANG_PRESETS]))
+        raise InvalidRequest(f"unknown preset {name!r} (choose from {names})") from None
     return KVLayout.from_dict(cfg)
 
 
@@ -159,14 +180,14 @@ class WorkloadSpec:
 
     @classmethod
     def for_layout(
-        cls, layout: KVLayout, preset: str | None = None, **overrides: Any
+        cls, layout: KVLayout | SGLangLayout, preset: str | None = None, **overrides: Any
     ) -> WorkloadSpec:
         """Defaults scaled to the layout: long-context hybrids (scheduler block >= 256) get
         longer prompts and fewer sessions, so the stored keys stay under ~300k either way; a
         preset with its own workload (:data:`PRESET_WORKLOADS`) uses that instead."""
         if preset in PRESET_WORKLOADS:
             base: dict[str, Any] = dict(PRESET_WORKLOADS[preset])
-        elif layout.scheduler_block_size >= 256:
+        elif isinstance(layout, KVLayout) and layout.scheduler_block_size >= 256:
             base = {
                 "sessions": 1200,
                 "system_tokens": (2000, 6000),
@@ -184,7 +205,8 @@ class WorkloadSpec:
 @dataclass(frozen=True)
 class Request:
     """One lookup: a prompt of ``num_tokens`` tokens, looked up at ``token_len``
-    (``layout.align(num_tokens)``, as vLLM's scheduler does) with the prompt's block hashes."""
+    (``layout.align(num_tokens)``, as vLLM's scheduler does; SGLang: the tokens of the pages
+    offered to storage) with the prompt's block hashes (SGLang: page hashes)."""
 
     index: int
     session: int
@@ -204,26 +226,32 @@ class Request:
 class Workload:
     """A layout's synthetic cache and the requests to look up against it."""
 
-    layout: KVLayout
+    layout: KVLayout | SGLangLayout
     spec: WorkloadSpec
     requests: list[Request]
     stored_prefixes: list[tuple[int, npt.NDArray[np.uint8]]]
-    """``(token_len, hashes)`` of every prefix the warm sessions stored (aligned lengths)."""
+    """``(token_len, hashes)`` of every prefix the warm sessions stored (aligned lengths; SGLang:
+    a request length whose plan under :attr:`writer` has every stored page)."""
     warm_sessions: int
+    writer: KVLayout | SGLangLayout | None = None
+    """The layout whose plans of :attr:`stored_prefixes` are the stored keys (None: ``layout``;
+    SGLang: ``layout`` without its prefetch threshold, which declines lookups, not writes)."""
 
     def store_keys(self) -> list[bytes]:
         """Every distinct key the cache holds, in write order (what the writer puts)."""
         seen: dict[bytes, None] = {}
+        writer = self.writer or self.layout
         for token_len, hashes in self.stored_prefixes:
-            seen.update(dict.fromkeys(self.layout.plan(token_len, hashes).keys))
+            seen.update(dict.fromkeys(writer.plan(token_len, hashes).keys))
         return list(seen)
 
     def iter_store_keys(self, chunk: int = 20_000) -> Iterator[list[bytes]]:
         """:meth:`store_keys` in chunks of about ``chunk`` new keys (for progress display)."""
         seen: set[bytes] = set()
         batch: list[bytes] = []
+        writer = self.writer or self.layout
         for token_len, hashes in self.stored_prefixes:
-            for key in self.layout.plan(token_len, hashes).keys:
+            for key in writer.plan(token_len, hashes).keys:
                 if key not in seen:
                     seen.add(key)
                     batch.append(key)
@@ -275,10 +303,36 @@ def _uniform(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
     return int(rng.integers(bounds[0], bounds[1] + 1))
 
 
-def workload_hasher(layout: KVLayout) -> BlockHasher:
-    """The :class:`BlockHasher` of token-id workloads: the layout's hash block size and release,
-    sha256; ``PYTHONHASHSEED`` unset, or ``"0"`` for releases before 0.29 (whose unset seed
-    cannot be reproduced)."""
+class PageHasher:
+    """The hasher of an SGLang token-id workload: :meth:`SGLangLayout.page_hashes` (no
+    ``extra_key`` or ``cache_salt``), with what a report needs of a :class:`BlockHasher`."""
+
+    seeded = False
+
+    def __init__(self, layout: SGLangLayout) -> None:
+        self.layout = layout
+
+    def hash(self, token_ids: object) -> list[bytes]:
+        """The prompt's page hashes, one 32-byte digest per full page."""
+        return self.layout.page_hashes(token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        layout = self.layout
+        return {
+            "hasher": "SGLangLayout.page_hashes",
+            "algo": "sha256",
+            "page_size": layout.page_size,
+            "eagle": layout.eagle,
+            "sglang_version": layout.sglang_version,
+        }
+
+
+def workload_hasher(layout: KVLayout | SGLangLayout) -> BlockHasher | PageHasher:
+    """The hasher of token-id workloads: for vLLM the :class:`BlockHasher` of the layout's
+    hash block size and release, sha256, ``PYTHONHASHSEED`` unset, or ``"0"`` for releases
+    before 0.29 (whose unset seed cannot be reproduced); for SGLang a :class:`PageHasher`."""
+    if isinstance(layout, SGLangLayout):
+        return PageHasher(layout)
     minor = int(layout.vllm_version.split(".")[1])
     return BlockHasher(
         layout.hash_block_size,
@@ -287,9 +341,15 @@ def workload_hasher(layout: KVLayout) -> BlockHasher:
     )
 
 
-def describe_hasher(layout: KVLayout) -> str:
+def describe_hasher(layout: KVLayout | SGLangLayout) -> str:
     """:func:`workload_hasher`'s configuration as a call (its seed is no secret here)."""
+    if isinstance(layout, SGLangLayout):
+        return (
+            f"SGLangLayout.page_hashes (SHA-256 chain over {layout.page_size}-token pages, "
+            f"SGLang {layout.sglang_version})"
+        )
     h = workload_hasher(layout)
+    assert isinstance(h, BlockHasher)
     seed = "'0'" if h.seeded else "None"
     return (
         f"BlockHasher({h.block_size}, algo={h.algo!r}, seed={seed}, "
@@ -297,25 +357,66 @@ def describe_hasher(layout: KVLayout) -> str:
     )
 
 
-def build_workload(layout: KVLayout, spec: WorkloadSpec) -> Workload:
+@dataclass(frozen=True)
+class _Units:
+    """How an engine cuts a prompt: ``count(n)`` hashes of ``n`` tokens (blocks, pages), the
+    request's ``asked(n)`` token_len, the length ``stored(n)`` whose plan holds what a served
+    ``n``-token turn stored (0: nothing), and ``rows(ids)``, token ids hashed into rows."""
+
+    count: Callable[[int], int]
+    asked: Callable[[int], int]
+    stored: Callable[[int], int]
+    rows: Callable[[npt.NDArray[np.uint32]], npt.NDArray[np.uint8]]
+
+
+def _units(layout: KVLayout | SGLangLayout, token_ids: bool) -> _Units:
+    if isinstance(layout, SGLangLayout):
+        page, eagle = layout.page_size, int(layout.eagle)
+        pages = PageHasher(layout)
+
+        def count(n: int) -> int:  # (EAGLE: bigram pages, one token fewer)
+            return max(n - eagle, 0) // page
+
+        def stored(n: int) -> int:  # every full page, whatever the prefetch threshold
+            return count(n) * page + 1 + eagle if count(n) else 0
+
+        return _Units(
+            count,
+            lambda n: layout.query_pages(n) * page,
+            stored,
+            lambda ids: _as_rows(pages.hash(ids)),
+        )
+    h = layout.hash_block_size
+    blocks = workload_hasher(layout) if token_ids else None  # (built only when it hashes)
+
+    def rows(ids: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint8]:
+        assert isinstance(blocks, BlockHasher)
+        return blocks.hash(ids)
+
+    return _Units(lambda n: n // h, layout.align, layout.align, rows)
+
+
+def build_workload(layout: KVLayout | SGLangLayout, spec: WorkloadSpec) -> Workload:
     """Build the synthetic cache and the requests (in random order).
 
     Cost: one sha256 per hash block of each session's prompt (~1 us each; with token ids the
-    vLLM hash of each block, ~0.5 us); no keys are built here (see
-    :meth:`Workload.store_keys`).
+    vLLM hash of each block, ~0.5 us; SGLang: per page); no keys are built here (see
+    :meth:`Workload.store_keys`). For an :class:`SGLangLayout` the hashes are page hashes
+    (with token ids, ``layout.page_hashes``) and a warm session stored every full page of its
+    served turns.
     """
     rng = np.random.default_rng(spec.seed)
-    h = layout.hash_block_size
+    units = _units(layout, spec.token_ids)
     root = hashlib.sha256(b"aio-mclookup workload seed %d" % spec.seed).digest()
     system_lengths = [_uniform(rng, spec.system_tokens) for _ in range(spec.system_prompts)]
-    hasher = workload_hasher(layout) if spec.token_ids else None
+    hash_ids = units.rows if spec.token_ids else None
     # token ids come from a stream of their own: the sessions are the same either way
     vocab = np.random.default_rng([spec.seed, 1])
     system_chains: list[list[bytes]] = []
     system_ids: list[npt.NDArray[np.uint32]] = []
-    if hasher is None:
+    if hash_ids is None:
         system_chains = [
-            _chain(root, b"system %d" % i, n // h) for i, n in enumerate(system_lengths)
+            _chain(root, b"system %d" % i, units.count(n)) for i, n in enumerate(system_lengths)
         ]
     else:
         system_ids = [vocab.integers(0, VOCAB, n, dtype=np.uint32) for n in system_lengths]
@@ -333,33 +434,34 @@ def build_workload(layout: KVLayout, spec: WorkloadSpec) -> Workload:
             lengths.append(total)
         ids: npt.NDArray[np.uint32] | None = None
         chain: list[bytes] = []
-        if hasher is None:
+        if hash_ids is None:
             shared = system_chains[system]
-            own = total // h - len(shared)
+            own = units.count(total) - len(shared)
             parent = shared[-1] if shared else root
             chain = shared + _chain(parent, b"session %d" % session, own)
             rows = _as_rows(chain)
         else:
             own_ids = vocab.integers(0, VOCAB, total - system_lengths[system], dtype=np.uint32)
             ids = np.concatenate([system_ids[system], own_ids])
-            rows = hasher.hash(ids)
+            rows = hash_ids(ids)
         if warm_flags[session]:
             # The turns this session already had were stored after they were served.
             for served in lengths[:-1]:
-                aligned = layout.align(served)
+                aligned = units.stored(served)
                 if aligned:
-                    stored.append((aligned, rows[: served // h]))
+                    stored.append((aligned, rows[: units.count(served)]))
         asked = lengths[1:] if spec.every_turn else lengths[-1:]
         for turn, num_tokens in enumerate(asked, start=current + 1 - len(asked)):
+            n_hashes = units.count(num_tokens)
             requests.append(
                 Request(
                     index=-1,
                     session=session,
                     turn=turn,
                     num_tokens=num_tokens,
-                    token_len=layout.align(num_tokens),
-                    hashes=rows[: num_tokens // h],
-                    hash_list=chain[: num_tokens // h],
+                    token_len=units.asked(num_tokens),
+                    hashes=rows[:n_hashes],
+                    hash_list=chain[:n_hashes],
                     token_ids=None if ids is None else ids[:num_tokens],
                 )
             )
@@ -367,11 +469,22 @@ def build_workload(layout: KVLayout, spec: WorkloadSpec) -> Workload:
     shuffled = [
         dataclasses.replace(r, index=i) for i, r in enumerate(requests[j] for j in order)
     ]
-    return Workload(layout, spec, shuffled, stored, int(warm_flags.sum()))
+    writer = None
+    if isinstance(layout, SGLangLayout):
+        writer = SGLangLayout.from_dict({**layout.to_dict(), "prefetch_threshold": 0})
+    return Workload(layout, spec, shuffled, stored, int(warm_flags.sum()), writer)
 
 
-def describe_layout(layout: KVLayout) -> str:
-    """A one-line description of a layout's groups."""
+def describe_layout(layout: KVLayout | SGLangLayout) -> str:
+    """A one-line description of a layout's groups (SGLang: its deployment)."""
+    if isinstance(layout, SGLangLayout):
+        parallel = f" tp={layout.tp_size}" + (f" pp={layout.pp_size}" if layout.pp_size > 1 else "")
+        return (
+            f"{layout.model_name or '(no model name)'} [SGLang HiCache, "
+            f"{'MLA' if layout.mla else 'MHA'}{', EAGLE' if layout.eagle else ''}] "
+            f"page={layout.page_size}{parallel} ({layout.keys_per_page} keys per page) "
+            f"prefetch_threshold={layout.prefetch_threshold} sglang={layout.sglang_version}"
+        )
     parts = []
     for g in layout.groups:
         if isinstance(g, FullAttention):

@@ -12,6 +12,7 @@ from fastapi.params import Depends as DependsParam
 from .. import (
     InvalidRequest,
     KVLayout,
+    SGLangLayout,
 )
 from ._fastpath import LookupFastPath
 from ._lifespan import coordinator_lifespan
@@ -23,7 +24,7 @@ DOCS_ASSETS_URL = "/static-offline-docs"
 
 
 def create_app(
-    layout: KVLayout,
+    layout: KVLayout | SGLangLayout,
     store: StoreSource | None = None,
     *,
     master_address: str | None = None,

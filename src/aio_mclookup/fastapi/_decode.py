@@ -216,7 +216,10 @@ _HASH_FORMS = ("block_hashes", "block_hashes_b64", "token_ids")
 _TOKEN_EXTRAS = ("lora_name", "lora_path", "cache_salt", "mm_features")
 
 
-_KNOWN = frozenset(LookupRequest.model_fields)
+_SGLANG_ONLY = frozenset({"extra_key"})
+
+
+_KNOWN = frozenset(LookupRequest.model_fields) - _SGLANG_ONLY
 
 
 class _Item:
@@ -257,7 +260,8 @@ class _Decoder:
             raise _invalid(loc, f"a lookup must be an object, not {_kind(raw)}")
         if not raw.keys() <= _KNOWN:
             unknown = next(k for k in raw if k not in _KNOWN)
-            raise _invalid([*loc, _name(unknown)], "unknown field")
+            why = "applies to SGLang layouts only" if unknown in _SGLANG_ONLY else "unknown field"
+            raise _invalid([*loc, _name(unknown)], why)
         form = _form(raw, loc)
         if form == "token_ids":
             return self._tokens(raw, loc, scope, layout)

@@ -13,6 +13,7 @@ from .. import (
     FakeStore,
     KVLayout,
     LookupCoordinator,
+    SGLangLayout,
     Store,
 )
 from .._errors import InvalidRequest
@@ -32,7 +33,7 @@ async def get_coordinator(request: Request) -> LookupCoordinator:
 
 
 def coordinator_lifespan(
-    layout: KVLayout,
+    layout: KVLayout | SGLangLayout,
     store: StoreSource | None = None,
     *,
     master_address: str | None = None,

@@ -75,6 +75,11 @@ class LookupRequest(BaseModel):
     """One prompt, in one of three forms: its block hashes (a list of hex strings, or one base64
     blob of fixed-width hashes), or its token ids (hashed by the server's hasher).
 
+    Against an SGLang layout (``GET /v1/layout`` says ``"engine": "sglang"``), the hashes
+    are SGLang's page hashes (32 bytes) with ``num_tokens``, and token ids are hashed with the
+    layout's page hashing, seeded by ``extra_key`` and ``cache_salt``; the answer is SGLang's
+    L3 hit. ``token_len``, ``lora_name``, ``lora_path`` and ``mm_features`` are vLLM's (422).
+
     With hashes, give the prompt's length as ``num_tokens`` (vLLM's scheduler view: the hit is
     what vLLM 0.33's lookup returns, whole blocks, at least one token left to compute) or the
     older ``token_len`` (already aligned; the plain prefix hit, no leave-one-token rule). With
@@ -148,6 +153,12 @@ class LookupRequest(BaseModel):
     cache_salt: str | None = Field(
         default=None, max_length=_MAX_TEXT, description="With token_ids: the request's salt."
     )
+    extra_key: str | None = Field(
+        default=None,
+        max_length=_MAX_TEXT,
+        description="With token_ids, SGLang layouts only: the request's extra_key (with the "
+        "LoRA id appended when it uses an adapter), which seeds the page hashes from 0.5.20.",
+    )
     mm_features: list[MMFeature] | None = Field(
         default=None, description="With token_ids: the prompt's multimodal items."
     )
@@ -190,12 +201,23 @@ class BatchLookupResponse(BaseModel):
 
 
 class LayoutResponse(BaseModel):
-    """What the server looks up with: the layout, and the hasher of token-id bodies."""
+    """What the server looks up with: the layout, its engine and release, and the hasher of
+    token-id bodies."""
 
-    layout: dict[str, Any] = Field(description="The layout (KVLayout.to_dict()).")
+    layout: dict[str, Any] = Field(
+        description="The layout (KVLayout.to_dict(), or SGLangLayout.to_dict() with "
+        '"engine": "sglang").'
+    )
     hasher: dict[str, Any] | None = Field(
-        description="The hasher of token-id bodies (hash_block_size, algo, seed, "
-        "vllm_version, ...); null when token-id bodies are not accepted."
+        description="The hasher of token-id bodies (vLLM: hash_block_size, algo, seed, "
+        "vllm_version, ...; SGLang: the layout's page hashing); null when token-id bodies "
+        "are not accepted."
+    )
+    engine: Literal["vllm", "sglang"] = Field(
+        default="vllm", description="Whose keys and hits the lookups reproduce."
+    )
+    version: str | None = Field(
+        default=None, description="The engine's release (vllm_version or sglang_version)."
     )
 
 

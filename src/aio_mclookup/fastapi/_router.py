@@ -17,8 +17,8 @@ from starlette.types import Scope
 
 from .. import (
     BlockHasher,
-    KVLayout,
     LookupCoordinator,
+    SGLangLayout,
 )
 from .._checks import positive_int
 from .._errors import Error, InvalidRequest
@@ -56,6 +56,7 @@ from ._models import (
     LookupResponse,
     ValidationErrorResponse,
 )
+from ._sglang import SGLangDecoder, layout_info
 
 _LIMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {
@@ -279,8 +280,11 @@ def create_router(
 
     ``hasher`` (a :class:`~aio_mclookup.BlockHasher`) hashes token-id bodies; without it the
     one a lifespan published under :data:`HASHER_KEY` is used, and with neither, token-id
-    bodies get a 422. ``dependencies`` run before every route (an authentication hook, e.g.
-    ``[Depends(check_token)]``). ``namespace`` prefixes the metric names.
+    bodies get a 422. When the coordinator's layout is an :class:`~aio_mclookup.SGLangLayout`
+    the bodies are SGLang's (:mod:`._sglang`): token ids hashed with its page hashing, or page
+    hashes, and the answers SGLang's L3 hits; ``hasher`` is not used. ``dependencies`` run
+    before every route (an authentication hook, e.g. ``[Depends(check_token)]``).
+    ``namespace`` prefixes the metric names.
     """
     if max_body_bytes is None and isinstance(max_hashes_per_request, int):
         max_body_bytes = _BYTES_PER_HASH * max_hashes_per_request
@@ -307,6 +311,7 @@ def create_router(
     )
     kwargs: dict[str, Any] = {} if lookup_timeout is None else {"timeout": lookup_timeout}
     decoder = _Decoder(max_hashes_per_request, hasher)
+    sglang = SGLangDecoder(max_hashes_per_request)
     lookup_schema = _inline_schema(LookupRequest)
     batch_schema = _inline_schema(BatchLookupRequest)
 
@@ -320,17 +325,24 @@ def create_router(
     ) -> tuple[bytes, str]:
         """One lookup body -> the reply's bytes and media type; raises ApiError."""
         if media == OCTET_STREAM:
-            item = decoder.checked(
-                _decode_frame(body, max_hashes_per_request), ["body"], _vllm_layout(coordinator)
-            )
+            item = _decode_frame(body, max_hashes_per_request)
+            layout = coordinator.layout
+            if isinstance(layout, SGLangLayout):
+                item = sglang.checked(item, ["body"], layout)
+            else:
+                item = decoder.checked(item, ["body"], layout)
             (hit,) = await _lookup_all(coordinator, [item], kwargs, batch=False)
             return _HIT.pack(hit), OCTET_STREAM
         if media != "application/json":
             raise unsupported(media)
-        layout = _vllm_layout(coordinator)
-        found = decoder.scanned(body, ["body"], layout)
-        if found is None:  # not the common shape: parse it
-            found = decoder.item(_parse_json(body), ["body"], scope, layout)
+        layout = coordinator.layout
+        if isinstance(layout, SGLangLayout):
+            found: _Item | None = sglang.body(body, ["body"], layout)
+        else:
+            found = decoder.scanned(body, ["body"], layout)
+            if found is None:  # not the common shape: parse it
+                found = decoder.item(_parse_json(body), ["body"], scope, layout)
+        assert found is not None
         (hit,) = await _lookup_all(coordinator, [found], kwargs, batch=False)
         return b'{"hit_tokens":%d}' % hit, "application/json"
 
@@ -358,11 +370,15 @@ def create_router(
                 f"{len(requests)} lookups, more than the limit {max_batch_requests}",
                 field="requests",
             )
-        layout = _vllm_layout(coordinator)
-        items = [
-            decoder.item(req, ["body", "requests", i], scope, layout)
-            for i, req in enumerate(requests)
-        ]
+        layout = coordinator.layout
+        if isinstance(layout, SGLangLayout):
+            where = ["body", "requests"]
+            items = [sglang.item(req, [*where, i], layout) for i, req in enumerate(requests)]
+        else:
+            items = [
+                decoder.item(req, ["body", "requests", i], scope, layout)
+                for i, req in enumerate(requests)
+            ]
         if not items:
             return b'{"hit_tokens":[]}', "application/json"
         hits = await _lookup_all(coordinator, items, kwargs, batch=True)
@@ -433,11 +449,23 @@ def create_router(
 
     @router.get("/v1/layout", response_model=LayoutResponse, summary="Layout and hasher")
     async def layout_route(request: Request, coordinator: CoordinatorDep) -> LayoutResponse:
-        """The layout lookups use (`KVLayout.to_dict()`), and the hasher of token-id bodies
-        (null when they are not accepted): what a router must match."""
+        """The layout lookups use (`KVLayout.to_dict()` or `SGLangLayout.to_dict()`), its
+        engine and release, and the hasher of token-id bodies (null when they are not
+        accepted): what a router must match."""
+        layout = coordinator.layout
+        if isinstance(layout, SGLangLayout):
+            return LayoutResponse(
+                layout=layout.to_dict(),
+                hasher=layout_info(layout),
+                engine="sglang",
+                version=layout.sglang_version,
+            )
         the_hasher = hasher if hasher is not None else _state_hasher(request.scope)
         return LayoutResponse(
-            layout=coordinator.layout.to_dict(), hasher=_hasher_config(the_hasher)
+            layout=layout.to_dict(),
+            hasher=_hasher_config(the_hasher),
+            engine="vllm",
+            version=layout.vllm_version,
         )
 
     @router.get(
@@ -502,14 +530,3 @@ def create_router(
         return _PrometheusResponse(text + "\n".join(http) + "\n")
 
     return router
-
-
-def _vllm_layout(coordinator: LookupCoordinator) -> KVLayout:
-    """The coordinator's layout, which this router's bodies (vLLM block hashes or token ids
-    hashed as vLLM does) are for."""
-    layout = coordinator.layout
-    if not isinstance(layout, KVLayout):
-        raise ApiError(
-            501, "unsupported_layout", "this router serves vLLM layouts (a KVLayout)"
-        )
-    return layout

@@ -13,11 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import BlockHasher, CoordinatorOptions, InvalidRequest, KVLayout
+from .. import BlockHasher, CoordinatorOptions, InvalidRequest, KVLayout, SGLangLayout
 from ._app import create_app
 from ._ready import create_readiness_router
 
-__all__ = ["ENVIRONMENT", "ServeSettings", "app_from_environment", "create_serve_app"]
+__all__ = [
+    "ENVIRONMENT", "ServeSettings", "app_from_environment", "create_serve_app", "layout_from_dict",
+]
 
 log = logging.getLogger("uvicorn.error")  # (uvicorn shows it with its own lines)
 
@@ -45,7 +47,8 @@ _DEFAULT_TTL = CoordinatorOptions().cache_ttl
 class ServeSettings:
     """What the service needs, each field from its variable of :data:`ENVIRONMENT`.
 
-    ``layout`` is the path of a ``KVLayout.from_dict`` JSON file; ``master`` (``host:port``,
+    ``layout`` is the path of a layout JSON file (``SGLangLayout.from_dict`` when it says
+    ``"engine": "sglang"``, else ``KVLayout.from_dict``); ``master`` (``host:port``,
     or whatever address ``MooncakeStore`` takes, passed through) and ``metadata`` (the
     metadata server's URL) the Mooncake deployment. ``hash_algo`` and ``hash_seed`` hash
     token-id bodies as the engines do (``--prefix-caching-hash-algo`` and
@@ -117,10 +120,12 @@ class ServeSettings:
                 out[variable] = str(value)
         return out
 
-    def load_layout(self) -> KVLayout:
-        """The layout file, read and checked (:class:`InvalidRequest` naming the file)."""
+    def load_layout(self) -> KVLayout | SGLangLayout:
+        """The layout file, read and checked (:class:`InvalidRequest` naming the file): an
+        :class:`SGLangLayout` for a JSON object with ``"engine": "sglang"``, else a
+        :class:`KVLayout`."""
         try:
-            return KVLayout.from_dict(json.loads(Path(self.layout).read_text()))
+            return layout_from_dict(json.loads(Path(self.layout).read_text()))
         except OSError as exc:
             raise InvalidRequest(
                 f"{ENVIRONMENT['layout']}={self.layout}: cannot read it: {exc.strerror}",
@@ -132,11 +137,21 @@ class ServeSettings:
                 field=ENVIRONMENT["layout"],
             ) from None
 
-    def load_hasher(self, layout: KVLayout) -> BlockHasher | None:
+    def load_hasher(self, layout: KVLayout | SGLangLayout) -> BlockHasher | None:
         """The hasher of token-id bodies (``hash_algo``, ``hash_seed``, the layout's
         ``hash_block_size`` and ``vllm_version``). A configuration whose hashes cannot be
         reproduced is an :class:`InvalidRequest` when either is set; with neither set, the
-        service answers block-hash bodies only (None) and logs why."""
+        service answers block-hash bodies only (None) and logs why. An SGLang layout hashes
+        token ids itself (None; ``hash_algo`` or ``hash_seed`` set is refused)."""
+        if isinstance(layout, SGLangLayout):
+            if self.hash_algo is not None or self.hash_seed is not None:
+                name = "hash_algo" if self.hash_algo is not None else "hash_seed"
+                raise InvalidRequest(
+                    f"{ENVIRONMENT[name]}: SGLang hashes pages with SHA-256 and no seed; "
+                    "hash_algo and hash_seed are for vLLM layouts",
+                    field=ENVIRONMENT[name],
+                )
+            return None
         try:
             return BlockHasher(
                 layout.hash_block_size,
@@ -212,6 +227,16 @@ def create_serve_app(settings: ServeSettings) -> Any:
         **settings.coordinator_options(),
     )
     app.include_router(create_readiness_router())
+    if isinstance(layout, SGLangLayout):
+        log.info(
+            "aio-mclookup serving %s (SGLang %s HiCache rules, token ids hashed in %d-token "
+            "pages) against %s",
+            layout.model_name,
+            layout.sglang_version,
+            layout.page_size,
+            settings.master,
+        )
+        return app
     log.info(
         "aio-mclookup serving %s (vLLM %s rules, token ids hashed with %s) against %s",
         layout.model,
@@ -220,6 +245,22 @@ def create_serve_app(settings: ServeSettings) -> Any:
         settings.master,
     )
     return app
+
+
+def layout_from_dict(cfg: object) -> KVLayout | SGLangLayout:
+    """The layout of a layout file's JSON: :meth:`SGLangLayout.from_dict` for an object
+    with ``"engine": "sglang"``, else :meth:`KVLayout.from_dict` (``"engine": "vllm"`` may
+    say so)."""
+    if isinstance(cfg, Mapping) and "engine" in cfg:
+        engine = cfg["engine"]
+        if engine == "sglang":
+            return SGLangLayout.from_dict(cfg)
+        if engine != "vllm":
+            raise InvalidRequest(
+                f'"engine" must be "vllm" or "sglang", got {engine!r}', field="engine"
+            )
+        cfg = {k: v for k, v in cfg.items() if k != "engine"}
+    return KVLayout.from_dict(cfg)  # type: ignore[arg-type]
 
 
 def app_from_environment() -> Any:
