@@ -806,17 +806,20 @@ async def test_a_follower_times_out_alone() -> None:
 
 class GatedStore(FakeStore):
     """FakeStore whose calls each wait until the test opens them (``open(n)``: the n-th
-    call, counting from 0)."""
+    call to arrive, counting from 0; ``arrived_keys[n]`` its keys). RPC tasks started
+    together arrive in the order sent on asyncio, in any order on trio."""
 
     def __init__(self, present: Sequence[bytes]) -> None:
         super().__init__(present)
         self.gates: list[anyio.Event] = []
+        self.arrived_keys: list[list[bytes]] = []
         self.arrived = anyio.Condition()
 
     async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
         gate = anyio.Event()
         async with self.arrived:
             self.gates.append(gate)
+            self.arrived_keys.append([bytes(k) for k in keys])
             self.arrived.notify_all()
         await gate.wait()
         return await super().batch_is_exist(keys)
@@ -985,12 +988,16 @@ async def test_no_waiting_for_a_walker_round_of_several_rpcs() -> None:
         short = Task(group, coord.lookup, 64, doc[:1] + chain(3, b"short"))
         await settle()
         assert _followers(coord) == 0
-        for n in range(3):  # call 0 carries chunk 0; call 3 stays held for now
-            await store.open(n)
+        chunk0 = FULL16.plan(1024, doc).keys[0]
+        held = max(n for n in range(4) if chunk0 not in store.arrived_keys[n])  # asyncio: 3
+        for n in range(4):  # one of them carries chunk 0; call ``held`` stays held for now
+            if n != held:
+                await store.open(n)
         await store.open_until(short, 4)
         assert await short.result() == 16
-        assert not walker.done  # still waits for call 3
-        await store.open_until(walker, 3)  # (the walker's later calls come in turn with others')
+        assert not walker.done  # still waits for call ``held``
+        await store.open(held)
+        await store.open_until(walker, 4)  # (the walker's later calls come in turn with others')
         assert await walker.result() == 1024
 
 
