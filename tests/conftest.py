@@ -8,7 +8,7 @@ to an event loop (their work runs on their own threads), so a writer opened here
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -19,20 +19,6 @@ try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is Linux-only
     uvloop = None
-
-# Modules whose async tests run on both asyncio's default loop and uvloop (pytest-asyncio; the
-# tests marked ``anyio`` take their backends from ``anyio_backend`` below instead).
-_BOTH_LOOPS = {"test_coordinator.py"}
-
-
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """Run the coordinator's async tests on asyncio and on uvloop; the rest on asyncio."""
-    if uvloop is None or item.path.name not in _BOTH_LOOPS:
-        return {"asyncio": asyncio.new_event_loop}
-    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-
 
 _BACKENDS = [
     pytest.param(("asyncio", {}), id="asyncio"),

@@ -32,15 +32,24 @@ async def stop_process(proc: asyncio.subprocess.Process, grace: float = 30.0) ->
         raise
 
 
-async def gather(*calls: Callable[[], Awaitable[_T]]) -> list[_T]:
+async def gather(
+    *calls: Callable[[], Awaitable[_T]], return_exceptions: bool = False
+) -> list[Any]:
     """``asyncio.gather`` for any anyio backend: run each call in a task of one task group;
-    their results in order (the first error cancels the rest and is raised)."""
+    their results in order (the first error cancels the rest and is raised; with
+    ``return_exceptions``, each call's :class:`Exception` is its result instead)."""
     import anyio
 
     results: list[Any] = [None] * len(calls)
 
     async def run(i: int, call: Callable[[], Awaitable[_T]]) -> None:
-        results[i] = await call()
+        if not return_exceptions:
+            results[i] = await call()
+            return
+        try:
+            results[i] = await call()
+        except Exception as exc:
+            results[i] = exc
 
     async with anyio.create_task_group() as group:
         for i, call in enumerate(calls):

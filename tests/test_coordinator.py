@@ -1,5 +1,6 @@
 """LookupCoordinator on the in-process FakeStore: batching, dedup, chunking, rounds, cache,
-failures, cancellation, timeouts, backpressure and close; on asyncio and on uvloop."""
+failures, cancellation, timeouts, backpressure and close; under anyio's pytest plugin on
+asyncio, uvloop and trio (conftest's ``anyio_backend``: trio runs the anyio shell)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,138 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import numpy as np
 import pytest
+import sniffio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup import FakeStore
+from aio_mclookup._backend import call_soon_threadsafe
 from aio_mclookup._coordinator.core import _COLD_SHIFT
 from aio_mclookup._plan.plan import LookupPlan
-from helpers import chain
+from helpers import chain, gather
 from v026_layouts import KVLayout, LookupCoordinator  # these tests pin vLLM 0.26's rules
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is Linux-only
+    uvloop = None
+
+pytestmark = pytest.mark.anyio
+
+_T = TypeVar("_T")
+
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    *([pytest.param(("asyncio", {"loop_factory": uvloop.new_event_loop}), id="uvloop")]
+      if uvloop is not None else []),
+])
+"""For the few tests of asyncio-only behaviour: asyncio and uvloop, not trio."""
+
+
+
+def on_trio() -> bool:
+    return bool(sniffio.current_async_library() == "trio")
+
+
+async def settle(passes: int = 1) -> None:
+    """Let the tasks started so far run until they wait: ``passes`` loop passes on asyncio (as
+    many ``sleep(0)``); on trio, which runs ready tasks in any order, until all are blocked."""
+    if on_trio():
+        await anyio.wait_all_tasks_blocked()
+        return
+    for _ in range(passes):
+        await anyio.lowlevel.checkpoint()
+
+
+class Cancelled(Exception):
+    """A :class:`Task`'s outcome when it was cancelled (its cancel scope caught the
+    backend's cancellation: the call did not swallow it)."""
+
+
+class Task(Generic[_T]):
+    """``fn(*args, **kw)`` in a task of ``group`` in a cancel scope of its own: what
+    ``asyncio.ensure_future`` gave these tests, on any backend."""
+
+    def __init__(self, group: anyio.abc.TaskGroup, fn: Callable[..., Awaitable[_T]],
+                 *args: Any, **kw: Any) -> None:
+        self._scope = anyio.CancelScope()
+        self._done = anyio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        group.start_soon(self._run, fn, args, kw)
+
+    async def _run(self, fn: Callable[..., Awaitable[_T]], args: Any, kw: Any) -> None:
+        try:
+            with self._scope:
+                self._value = await fn(*args, **kw)
+            if self._scope.cancelled_caught:
+                self._error = Cancelled()
+        except Exception as exc:
+            self._error = exc
+        finally:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+    async def outcome(self) -> _T | BaseException:
+        """Its value, or the exception it raised (:class:`Cancelled` if cancelled)."""
+        await self._done.wait()
+        return self._error if self._error is not None else self._value  # type: ignore[no-any-return]
+
+    async def result(self) -> _T:
+        """Its value; what it raised is raised here."""
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+
+def shell_of(coord: LookupCoordinator) -> Any:
+    """The shell running ``coord``: the anyio one (trio) or the coordinator itself (asyncio);
+    both keep ``_calls_in_flight``, ``_waiters`` and ``_admit_next``."""
+    return coord._other if coord._other is not None else coord
+
+
+def rpc_tasks(coord: LookupCoordinator) -> int:
+    """RPC tasks of the shell: asyncio's set of them; the anyio shell's group's tasks (one cancel
+    scope each) but the dispatcher, while the group is open (no retry timer runs here)."""
+    shell = coord._other
+    if shell is None:
+        return len(coord._rpc_tasks)
+    return len(shell._scopes) - (shell._group is not None and not shell._closed)
+
+
+def dispatcher_running(coord: LookupCoordinator) -> bool:
+    """The dispatcher task still runs: asyncio's task not done; the anyio shell's group open and
+    not closed (under trio a task cannot die silently: its error would end the group)."""
+    shell = coord._other
+    if shell is None:
+        return coord._dispatcher is not None and not coord._dispatcher.done()
+    return shell._group is not None and not shell._closed and bool(shell._scopes)
+
+
+def tasks_left(coord: LookupCoordinator) -> bool:
+    """Any task of the shell left (dispatcher or RPC)."""
+    shell = coord._other
+    if shell is None:
+        return bool(coord._rpc_tasks) or coord._dispatcher is None or not coord._dispatcher.done()
+    return bool(shell._scopes) or shell._group is not None
+
 
 CASES = [
     json.loads(line)
@@ -49,7 +167,8 @@ def expected(layout: KVLayout, store: FakeStore, token_len: int, hashes: Any) ->
 
 
 class SelectiveFailStore(FakeStore):
-    """FakeStore that fails (with ``code``) any RPC containing one of ``poison`` keys."""
+    """FakeStore that fails (with ``code``, after its ``delay``, as FakeStore's failures come)
+    any RPC containing one of ``poison`` keys."""
 
     def __init__(self, poison: set[bytes], code: int = -900, **kw: Any) -> None:
         super().__init__(**kw)
@@ -59,6 +178,8 @@ class SelectiveFailStore(FakeStore):
     async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
         if any(bytes(k) in self.poison for k in keys):
             self.calls.append([bytes(k) for k in keys])
+            if self.delay:
+                await anyio.sleep(self.delay)
             raise mcl.StoreError("poisoned RPC", code=self.code)
         return await super().batch_is_exist(keys)
 
@@ -76,7 +197,7 @@ async def test_hits_equal_plan_resolve_for_concurrent_callers() -> None:
         hashes = doc[:cut] + chain(64 - cut, b"tail%d" % i)
         requests.append(hashes)
     async with LookupCoordinator(FULL16, store) as coord:
-        hits = await asyncio.gather(*(coord.lookup(1024, h) for h in requests))
+        hits = await gather(*(lambda h=h: coord.lookup(1024, h) for h in requests))
     assert hits == [expected(FULL16, store, 1024, h) for h in requests]
     assert any(hits) and not all(hits)
 
@@ -85,13 +206,12 @@ async def test_idle_coordinator_sends_at_once_and_concurrent_callers_share_rpcs(
     hashes = chain(8, b"a")
     store = FakeStore(FULL16.plan(128, hashes).keys, delay=0.01)
     async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = anyio.current_time()
         assert await coord.lookup(128, hashes) == 128
-        assert loop.time() - start < 0.5
+        assert anyio.current_time() - start < 0.5
         assert len(store.calls) == 1
         others = [chain(8, b"o%d" % i) for i in range(100)]
-        await asyncio.gather(*(coord.lookup(128, h) for h in others))
+        await gather(*(lambda h=h: coord.lookup(128, h) for h in others))
         stats = coord.stats()
     assert stats.rpcs_total < 1 + 100 / 4
     assert stats.lookups_per_dispatch.count >= 1
@@ -102,7 +222,7 @@ async def test_keys_are_deduplicated_across_callers() -> None:
     hashes = chain(32, b"same")
     store = FakeStore(FULL16.plan(512, hashes).keys, delay=0.005)
     async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
-        hits = await asyncio.gather(*(coord.lookup(512, hashes) for _ in range(10)))
+        hits = await gather(*(lambda: coord.lookup(512, hashes) for _ in range(10)))
         stats = coord.stats()
     assert hits == [512] * 10
     assert stats.keys_sent_total == 32 and stats.rpcs_total == 1
@@ -151,7 +271,7 @@ async def test_a_cold_burst_asks_no_key_twice(cache_ttl: float | None, namespace
         stored += layout.plan(16 * 200, hashes).keys[: cut * namespaces]
     store = FakeStore(stored, delay=0.002)
     async with LookupCoordinator(layout, store, cache_ttl=cache_ttl, probe_window=4) as coord:
-        hits = await asyncio.gather(*(coord.lookup(16 * 200, h) for h in prompts))
+        hits = await gather(*(lambda h=h: coord.lookup(16 * 200, h) for h in prompts))
         stats = coord.stats()
     assert hits == [expected(layout, store, 16 * 200, h) for h in prompts]
     sent = [key for call in store.calls for key in call]
@@ -174,13 +294,17 @@ async def test_repeated_hashes_in_a_full_attention_prefix_are_probed_in_rounds(
         store.discard([plan.keys[miss_at]])
     want = expected(FULL16, store, 16 * len(hashes), hashes)
     store.delay = 0.002
-    async with LookupCoordinator(FULL16, store, cache_ttl=None, probe_window=1) as coord:
-        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"other")))
-        await asyncio.sleep(0)  # its RPC is in flight: the lookups below probe in windows
-        hits = await asyncio.gather(
-            *(coord.lookup(16 * n, hashes[:n]) for n in (len(hashes), 9, 12, len(hashes)))
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=None, probe_window=1) as coord,
+        anyio.create_task_group() as group,
+    ):
+        busy = Task(group, coord.lookup, 64, chain(4, b"other"))
+        await settle()  # its RPC is in flight: the lookups below probe in windows
+        hits = await gather(
+            *(lambda n=n: coord.lookup(16 * n, hashes[:n]) for n in (len(hashes), 9, 12,
+                                                                       len(hashes)))
         )
-        assert await busy == 0
+        assert await busy.result() == 0
         stats = coord.stats()
     assert hits[0] == hits[3] == want
     for n, hit in zip((9, 12), hits[1:3]):
@@ -219,7 +343,7 @@ async def test_cache_ttl_is_read_at_each_rpc() -> None:
         assert await coord.lookup(128, hashes) == 128
         assert await coord.lookup(128, hashes) == 128
         assert coord.stats().rpcs_total == 3  # the fourth was answered from the cache
-        await asyncio.sleep(0.06)
+        await anyio.sleep(0.06)
         store.present.clear()
         assert await coord.lookup(128, hashes) == 0
 
@@ -236,7 +360,7 @@ async def test_malformed_store_answers_fail_their_callers_without_hanging() -> N
         for _ in range(2):  # the second lookup must not join a stuck probe
             with pytest.raises(mcl.StoreError):
                 await coord.lookup(64, hashes)
-            await asyncio.sleep(0.02)
+            await anyio.sleep(0.02)
         assert coord.stats().pending_lookups == 0
 
 
@@ -251,29 +375,56 @@ async def test_cache_keeps_only_positive_answers() -> None:
 
 class CallBackFakeStore(FakeStore):
     """FakeStore that also offers the call-back form the coordinator prefers (as
-    MooncakeStore does): ``then`` gets the answers or the error a loop iteration later."""
+    MooncakeStore does): ``then`` gets the answers or the error a loop iteration later (called
+    soon on the loop, as MooncakeStore's threads do), from a task of the group that
+    ``async with store.serving():`` runs (outside the coordinator's)."""
 
     def __init__(self, present: Sequence[bytes] = (), **kw: Any) -> None:
         super().__init__(present, **kw)
         self.closed = False
-        self.pending: set[asyncio.Task[None]] = set()
-        self.called = asyncio.Event()
+        self.group: anyio.abc.TaskGroup | None = None
+        self.outstanding = 0  # calls not answered yet
+        self.answered = anyio.Event()  # (set while none is outstanding)
+        self.answered.set()
+        self.called = anyio.Event()
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as group:
+            self.group = group
+            yield
 
     def batch_is_exist_then(self, keys: Sequence[Any], then: Any) -> None:
         if self.closed:
             raise mcl.ClosedError("closed")
         self.called.set()
+        assert self.group is not None, "a CallBackFakeStore serves in 'async with serving()'"
+        call_soon = call_soon_threadsafe()
+        if not self.outstanding:
+            self.answered = anyio.Event()
+        self.outstanding += 1
+
+        def answer(outcome: Any) -> None:
+            try:
+                then(outcome)
+            finally:
+                self.outstanding -= 1
+                if not self.outstanding:
+                    self.answered.set()
 
         async def call() -> None:
             try:
                 outcome: Any = await self.batch_is_exist(keys)
             except mcl.Error as exc:
                 outcome = exc
-            asyncio.get_running_loop().call_soon(then, outcome)
+            call_soon(answer, outcome)
 
-        task = asyncio.ensure_future(call())
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        self.group.start_soon(call)
+
+    async def drained(self) -> None:
+        """Wait (at most 5 s) until every call was answered."""
+        with anyio.fail_after(5):
+            await self.answered.wait()
 
 
 class BeginCountingStore(CallBackFakeStore):
@@ -294,7 +445,7 @@ async def test_a_whole_rpc_goes_out_while_the_rest_of_a_burst_is_planned(linger:
     docs = [chain(4, b"whole-%d" % i) for i in range(5)]
     started: list[int] = []
     store = BeginCountingStore([k for d in docs for k in FULL16.plan(64, d).keys], started)
-    async with LookupCoordinator(
+    async with store.serving(), LookupCoordinator(
         FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=8, linger=linger
     ) as coord:
 
@@ -302,7 +453,7 @@ async def test_a_whole_rpc_goes_out_while_the_rest_of_a_burst_is_planned(linger:
             started.append(1)
             return await coord.lookup(64, hashes)
 
-        assert await asyncio.gather(*(one(d) for d in docs)) == [64] * 5
+        assert await gather(*(lambda d=d: one(d) for d in docs)) == [64] * 5
     sizes = [len(call) for call in store.calls]
     if linger:  # the dispatcher waits for more work: everything planned first
         assert store.started_at_call[:2] == [5, 5]
@@ -336,10 +487,10 @@ class ThenMarkingStore(CallBackFakeStore):
 async def test_the_next_whole_rpc_goes_out_as_an_rpcs_answers_fan_out() -> None:
     docs = [chain(8, b"next-%d" % i) for i in range(3)]
     store = ThenMarkingStore([k for d in docs for k in FULL16.plan(128, d).keys])
-    async with LookupCoordinator(
+    async with store.serving(), LookupCoordinator(
         FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=8, max_rpcs_in_flight=1
     ) as coord:
-        assert await asyncio.gather(*(coord.lookup(128, d) for d in docs)) == [128] * 3
+        assert await gather(*(lambda d=d: coord.lookup(128, d) for d in docs)) == [128] * 3
     # The first at once (a whole RPC for the one slot), each next one from the call-back of
     # the RPC before it: no wait for the dispatcher's turn.
     assert store.from_call_back == [False, True, True]
@@ -372,7 +523,7 @@ async def test_a_store_refusing_every_call_at_once_fails_its_rpcs_without_recurs
         else:
             assert await coord.lookup(16 * 3000, chain(3000, b"refused")) == 0
         stats = coord.stats()
-    assert stats.rpcs_in_flight == 0 and coord._calls_in_flight == 0
+    assert stats.rpcs_in_flight == 0 and shell_of(coord)._calls_in_flight == 0
     assert store.submits == stats.rpcs_total
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # (no RecursionError)
 
@@ -394,7 +545,7 @@ async def test_an_rpc_gets_one_outcome_from_a_store_that_answers_and_then_raises
     ) as coord:
         assert await coord.lookup(128, doc) == 128  # the answers, not the error after them
         stats = coord.stats()
-    assert stats.rpcs_in_flight == 0 and coord._calls_in_flight == 0
+    assert stats.rpcs_in_flight == 0 and shell_of(coord)._calls_in_flight == 0
     assert stats.rpcs_total == len(store.calls) == 2 and stats.rpc_errors_total == 0
 
 
@@ -403,7 +554,7 @@ async def test_a_failing_early_dispatch_is_logged_and_the_dispatcher_sends_the_k
 ) -> None:
     doc = chain(16, b"logged")
     store = CallBackFakeStore(FULL16.plan(256, doc).keys)
-    async with LookupCoordinator(
+    async with store.serving(), LookupCoordinator(
         FULL16, store, cache_ttl=None, rounds=False, max_keys_per_rpc=8, timeout=10
     ) as coord:
         core = coord._core
@@ -439,48 +590,53 @@ async def test_a_store_answering_inside_the_call_gives_the_same_hits(on_error: A
     ) as coord:
         assert await coord.lookup(16 * 3000, doc) == plan.resolve([1] * plan.num_keys)
         stats = coord.stats()
-    assert stats.rpcs_in_flight == 0 and coord._calls_in_flight == 0
+    assert stats.rpcs_in_flight == 0 and shell_of(coord)._calls_in_flight == 0
     assert len(store.calls) == stats.rpcs_total == 300
 
 
 async def test_a_lookup_admitted_just_before_close_fails_instead_of_hanging() -> None:
     store = CallBackFakeStore(delay=0.01)
     coord = LookupCoordinator(FULL16, store, cache_ttl=None, max_pending_lookups=1)
-    await coord.__aenter__()
-    first = asyncio.ensure_future(coord.lookup(64, chain(4, b"first")))
-    await asyncio.sleep(0)
-    second = asyncio.ensure_future(coord.lookup(64, chain(4, b"second"), timeout=None))
-    await asyncio.sleep(0)
-    assert coord._waiters  # the second waits for room
-    admit = coord._admit_next
-    closed: list[bool] = []
+    async with store.serving(), coord, anyio.create_task_group() as group:
+        first = Task(group, coord.lookup, 64, chain(4, b"first"))
+        await settle()
+        second = Task(group, coord.lookup, 64, chain(4, b"second"), timeout=None)
+        await settle()
+        shell = shell_of(coord)
+        assert shell._waiters  # the second waits for room
+        admit = shell._admit_next
+        closed: list[bool] = []
 
-    def admit_then_close() -> None:
-        waiting = len(coord._waiters)
-        admit()
-        if waiting and not coord._waiters and not closed:  # admitted: close before it runs
-            closing = coord.aclose()
-            with contextlib.suppress(StopIteration):
-                closing.send(None)  # aclose() up to its first await: closed from here on
-            closing.close()  # (what is left: awaiting the tasks it cancelled)
-            closed.append(True)
+        def admit_then_close() -> None:
+            waiting = len(shell._waiters)
+            admit()
+            if waiting and not shell._waiters and not closed:  # admitted: close before it runs
+                closing = coord.aclose()
+                with contextlib.suppress(StopIteration):
+                    closing.send(None)  # aclose() up to its first await: closed from here on
+                closing.close()  # (what is left: awaiting the tasks it cancelled)
+                closed.append(True)
 
-    coord._admit_next = admit_then_close  # type: ignore[method-assign]
-    await first
-    assert closed and coord.closed
-    done, _ = await asyncio.wait([second], timeout=5)
-    assert second in done and isinstance(second.exception(), mcl.ClosedError)
+        shell._admit_next = admit_then_close
+        await first.result()
+        assert closed and coord.closed
+        with anyio.fail_after(5):
+            assert isinstance(await second.outcome(), mcl.ClosedError)
 
 
 async def test_a_call_back_store_needs_no_rpc_task_and_gives_the_same_hits() -> None:
     doc = chain(64, b"call-back")
     store = CallBackFakeStore(FULL16.plan(1024, doc).keys, delay=0.02)
     requests = [doc[:cut] + chain(64 - cut, b"cb-%d" % cut) for cut in (0, 7, 30, 64)]
-    async with LookupCoordinator(FULL16, store) as coord:
-        runs = [asyncio.ensure_future(coord.lookup(1024, r)) for r in requests * 3]
-        await asyncio.wait_for(store.called.wait(), 5)  # the dispatcher sent the first RPC
-        assert coord.stats().rpcs_in_flight >= 1 and not coord._rpc_tasks
-        hits = await asyncio.gather(*runs)
+    async with (
+        store.serving(), LookupCoordinator(FULL16, store) as coord,
+        anyio.create_task_group() as group,
+    ):
+        runs = [Task(group, coord.lookup, 1024, r) for r in requests * 3]
+        with anyio.fail_after(5):
+            await store.called.wait()  # the dispatcher sent the first RPC
+        assert coord.stats().rpcs_in_flight >= 1 and not rpc_tasks(coord)
+        hits = [await run.result() for run in runs]
         assert coord.stats().rpcs_in_flight == 0
     assert hits == [expected(FULL16, store, 1024, r) for r in requests * 3]
     assert hits[:4] == [0, 112, 480, 1024]
@@ -490,7 +646,7 @@ async def test_a_call_back_store_needs_no_rpc_task_and_gives_the_same_hits() -> 
 async def test_a_call_back_store_failure_reaches_its_callers(on_error: Any) -> None:
     store = CallBackFakeStore(HYBRID.plan(64, chain(8, b"cbf")).keys)
     store.fail_with = -900
-    async with LookupCoordinator(HYBRID, store, on_error=on_error) as coord:
+    async with store.serving(), LookupCoordinator(HYBRID, store, on_error=on_error) as coord:
         if on_error == "raise":
             with pytest.raises(mcl.StoreError) as info:
                 await coord.lookup(64, chain(8, b"cbf"))
@@ -503,23 +659,23 @@ async def test_a_call_back_store_failure_reaches_its_callers(on_error: Any) -> N
 async def test_a_closed_call_back_store_fails_the_rpc_not_the_dispatcher() -> None:
     store = CallBackFakeStore()
     store.closed = True
-    async with LookupCoordinator(FULL16, store) as coord:
+    async with store.serving(), LookupCoordinator(FULL16, store) as coord:
         with pytest.raises(mcl.StoreError):
             await coord.lookup(64, chain(4, b"closed"))
-        assert coord._dispatcher is not None and not coord._dispatcher.done()
+        assert dispatcher_running(coord)
 
 
 async def test_closing_with_call_back_rpcs_in_flight_ignores_their_late_answers() -> None:
     store = CallBackFakeStore(delay=0.05)
     coord = LookupCoordinator(FULL16, store)
-    async with coord:
-        pending = asyncio.ensure_future(coord.lookup(64, chain(4, b"late")))
-        await asyncio.sleep(0.01)
-        assert coord.stats().rpcs_in_flight == 1
-    with pytest.raises(mcl.ClosedError):
-        await pending
-    await asyncio.gather(*store.pending)  # the answer arrives after close: ignored
-    await asyncio.sleep(0)
+    async with store.serving(), anyio.create_task_group() as group:
+        async with coord:
+            pending = Task(group, coord.lookup, 64, chain(4, b"late"))
+            await anyio.sleep(0.01)
+            assert coord.stats().rpcs_in_flight == 1
+        with pytest.raises(mcl.ClosedError):
+            await pending.result()
+        await store.drained()  # the answer arrives after close: ignored
     assert coord.stats().rpcs_in_flight == 0
 
 
@@ -562,13 +718,16 @@ async def test_a_lookup_sharing_a_walkers_chunks_waits_then_starts_past_its_run(
     doc = chain(64, b"walk")
     store = FakeStore(FULL16.plan(1024, doc).keys, delay=0.01)
     short = doc[:20] + chain(44, b"short-tail")
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
-        walker = asyncio.ensure_future(coord.lookup(1024, short))
-        await asyncio.sleep(0)
-        follower = asyncio.ensure_future(coord.lookup(1024, doc))
-        await asyncio.sleep(0)
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord,
+        anyio.create_task_group() as group,
+    ):
+        walker = Task(group, coord.lookup, 1024, short)
+        await settle()
+        follower = Task(group, coord.lookup, 1024, doc)
+        await settle()
         assert _followers(coord) == 1
-        assert await asyncio.gather(walker, follower) == [320, 1024]
+        assert [await walker.result(), await follower.result()] == [320, 1024]
         stats = coord.stats()
         assert stats.dedup_hits_total == 0  # it joined none of the walker's keys
         assert stats.cache_hits_total == 20  # it took the walker's run
@@ -581,15 +740,18 @@ async def test_a_lookup_sharing_a_walkers_chunks_waits_then_starts_past_its_run(
 async def test_a_lookup_whose_next_chunk_differs_from_the_walkers_does_not_wait() -> None:
     doc = chain(64, b"nowait")
     store = FakeStore(FULL16.plan(1024, doc).keys, delay=0.01)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord,
+        anyio.create_task_group() as group,
+    ):
         assert await coord.lookup(1024, doc[:10] + chain(54, b"first")) == 160  # known: 10
-        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # walks on from chunk 10
-        await asyncio.sleep(0)
+        walker = Task(group, coord.lookup, 1024, doc)  # walks on from chunk 10
+        await settle()
         assert len(coord._core._walkers) == 1
-        other = asyncio.ensure_future(coord.lookup(1024, doc[:10] + chain(54, b"other")))
-        await asyncio.sleep(0)
+        other = Task(group, coord.lookup, 1024, doc[:10] + chain(54, b"other"))
+        await settle()
         assert _followers(coord) == 0  # its chunk 10 is not the walker's: it probes at once
-        assert await asyncio.gather(walker, other) == [1024, 160]
+        assert [await walker.result(), await other.result()] == [1024, 160]
         assert not coord._core._walkers
 
 
@@ -601,54 +763,63 @@ async def test_followers_go_on_when_their_walker_ends_badly(how: str) -> None:
     poison = {FULL16.plan(512, walker_rows).keys[-1]}
     store = SelectiveFailStore(poison if how == "store_error" else set(), delay=0.02)
     store.add(keys)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, failure_backoff=1e-6) as coord:
-        walker = asyncio.ensure_future(
-            coord.lookup(512, walker_rows, timeout=0.005 if how == "timeout" else None)
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0, failure_backoff=1e-6) as coord,
+        anyio.create_task_group() as group,
+    ):
+        walker = Task(
+            group, coord.lookup, 512, walker_rows, timeout=0.005 if how == "timeout" else None
         )
-        await asyncio.sleep(0)
-        followers = [asyncio.ensure_future(coord.lookup(512, doc)) for _ in range(3)]
-        await asyncio.sleep(0)
+        await settle()
+        followers = [Task(group, coord.lookup, 512, doc) for _ in range(3)]
+        await settle()
         assert _followers(coord) == 3
         if how == "cancel":
             walker.cancel()
-        results = await asyncio.gather(walker, return_exceptions=True)
+        results = [await walker.outcome()]
         expected_error = {
-            "cancel": asyncio.CancelledError, "timeout": mcl.LookupTimeout,
+            "cancel": Cancelled, "timeout": mcl.LookupTimeout,
             "store_error": mcl.StoreError,
         }[how]
         assert isinstance(results[0], expected_error)
-        await asyncio.sleep(0.001)  # past the failure pause
-        assert await asyncio.gather(*followers) == [512] * 3
+        await anyio.sleep(0.001)  # past the failure pause
+        assert [await f.result() for f in followers] == [512] * 3
         assert not coord._core._walkers and not coord._core.lookups
 
 
 async def test_a_follower_times_out_alone() -> None:
     doc = chain(32, b"late-follower")
     store = FakeStore(FULL16.plan(512, doc).keys, delay=0.05)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
-        walker = asyncio.ensure_future(coord.lookup(512, doc))
-        await asyncio.sleep(0)
-        late = asyncio.ensure_future(coord.lookup(512, doc, timeout=0.01))
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord,
+        anyio.create_task_group() as group,
+    ):
+        walker = Task(group, coord.lookup, 512, doc)
+        await settle()
+        late = Task(group, coord.lookup, 512, doc, timeout=0.01)
         with pytest.raises(mcl.LookupTimeout):
-            await late
-        assert await walker == 512
+            await late.result()
+        assert await walker.result() == 512
         assert await coord.lookup(512, doc) == 512
         assert not coord._core._walkers and not coord._core.lookups
 
 
 class GatedStore(FakeStore):
     """FakeStore whose calls each wait until the test opens them (``open(n)``: the n-th
-    call, counting from 0)."""
+    call to arrive, counting from 0; ``arrived_keys[n]`` its keys). RPC tasks started
+    together arrive in the order sent on asyncio, in any order on trio."""
 
     def __init__(self, present: Sequence[bytes]) -> None:
         super().__init__(present)
-        self.gates: list[asyncio.Event] = []
-        self.arrived = asyncio.Condition()
+        self.gates: list[anyio.Event] = []
+        self.arrived_keys: list[list[bytes]] = []
+        self.arrived = anyio.Condition()
 
     async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
-        gate = asyncio.Event()
+        gate = anyio.Event()
         async with self.arrived:
             self.gates.append(gate)
+            self.arrived_keys.append([bytes(k) for k in keys])
             self.arrived.notify_all()
         await gate.wait()
         return await super().batch_is_exist(keys)
@@ -661,12 +832,11 @@ class GatedStore(FakeStore):
     async def open(self, n: int) -> None:
         await self.called(n)
         self.gates[n].set()
-        for _ in range(5):  # let its answers fan out
-            await asyncio.sleep(0)
+        await settle(5)  # let its answers fan out
 
-    async def open_until(self, task: asyncio.Future[Any], n: int) -> int:
+    async def open_until(self, task: Task[Any], n: int) -> int:
         """Open calls ``n``, ``n + 1``, ... until ``task`` is done; the next call's number."""
-        while not task.done():
+        while not task.done:
             await self.open(n)
             n += 1
         return n
@@ -677,23 +847,26 @@ async def test_a_follower_waits_for_one_round_of_its_walker_not_for_all_of_it() 
     with a long walk goes on by itself once the walker's first round is in."""
     doc = chain(64, b"long-walk")
     store = GatedStore(FULL16.plan(1024, doc).keys)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, probe_window=1) as coord:
-        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy")))  # call 0, held
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0, probe_window=1) as coord,
+        anyio.create_task_group() as group,
+    ):
+        busy = Task(group, coord.lookup, 64, chain(4, b"busy"))  # call 0, held
         await store.called(0)
-        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # call 1: chunk 0 alone
-        await asyncio.sleep(0)
-        short = asyncio.ensure_future(coord.lookup(64, doc[:1] + chain(3, b"own-tail")))
-        await asyncio.sleep(0)
+        walker = Task(group, coord.lookup, 1024, doc)  # call 1: chunk 0 alone
+        await settle()
+        short = Task(group, coord.lookup, 64, doc[:1] + chain(3, b"own-tail"))
+        await settle()
         assert _followers(coord) == 1
         await store.open(1)  # the walker's first round: chunk 0 present
         assert _followers(coord) == 0  # released: its chunk 1 is its own
         await store.open(2)  # the walker's second round, with the short lookup's chunk 1
-        assert await short == 16
-        assert not walker.done()  # on to its next rounds (windows grow 1, 2, 4, ...)
+        assert await short.result() == 16
+        assert not walker.done  # on to its next rounds (windows grow 1, 2, 4, ...)
         await store.open_until(walker, 3)
-        assert await walker == 1024
+        assert await walker.result() == 1024
         await store.open(0)
-        assert await busy == 0
+        assert await busy.result() == 0
         assert not coord._core._walkers
 
 
@@ -703,22 +876,25 @@ async def test_the_first_round_after_a_known_prefix_follows_the_likely_answer() 
     window of chunks is probed at once when the run has grown past its end before."""
     doc = chain(64, b"grown")
     store = GatedStore(FULL16.plan(1024, doc).keys)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
-        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy")))  # call 0, held
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord,
+        anyio.create_task_group() as group,
+    ):
+        busy = Task(group, coord.lookup, 64, chain(4, b"busy"))  # call 0, held
         await store.called(0)
         call, first_rounds = 1, []
         for cut in (10, 20, 30, 5):
             hashes = doc[:cut] + chain(64 - cut, b"tail-%d" % cut)
-            task = asyncio.ensure_future(coord.lookup(1024, hashes))
+            task = Task(group, coord.lookup, 1024, hashes)
             opened = len(store.calls)
             call = await store.open_until(task, call)
-            assert await task == cut * 16
+            assert await task.result() == cut * 16
             first_rounds.append(len(store.calls[opened]))
         # cut 10: no run yet; 20: the run (10 rows) never grew; 30: it grew (to 20 rows);
         # 5: the request leaves the run at chunk 5
         assert first_rounds[1] == 1 and first_rounds[2] > 1 and first_rounds[3] == 1
         await store.open(0)
-        assert await busy == 0
+        assert await busy.result() == 0
 
 
 async def test_a_lookup_leaving_the_known_run_does_not_become_a_walker() -> None:
@@ -726,43 +902,49 @@ async def test_a_lookup_leaving_the_known_run_does_not_become_a_walker() -> None
     as its prompt's walker; a lookup going on past the run's end does register."""
     doc = chain(64, b"own-way")
     store = GatedStore(FULL16.plan(1024, doc).keys)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord:
-        first = asyncio.ensure_future(coord.lookup(1024, doc[:40] + chain(24, b"t40")))
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0) as coord,
+        anyio.create_task_group() as group,
+    ):
+        first = Task(group, coord.lookup, 1024, doc[:40] + chain(24, b"t40"))
         call = await store.open_until(first, 0)
-        assert await first == 640
-        leaving = asyncio.ensure_future(coord.lookup(1024, doc[:10] + chain(54, b"t10")))
+        assert await first.result() == 640
+        leaving = Task(group, coord.lookup, 1024, doc[:10] + chain(54, b"t10"))
         await store.called(call)
         assert not coord._core._walkers
         call = await store.open_until(leaving, call)
-        assert await leaving == 160
-        going_on = asyncio.ensure_future(coord.lookup(1024, doc))
+        assert await leaving.result() == 160
+        going_on = Task(group, coord.lookup, 1024, doc)
         await store.called(call)
         assert [w.plan.num_keys for w in coord._core._walkers.values()] == [64]
         await store.open_until(going_on, call)
-        assert await going_on == 1024
+        assert await going_on.result() == 1024
 
 
 async def test_a_follower_waits_across_walker_rounds_while_they_share_its_chunks() -> None:
     doc = chain(64, b"in-step")
     store = GatedStore(FULL16.plan(1024, doc).keys)
-    async with LookupCoordinator(FULL16, store, cache_ttl=5.0, probe_window=1) as coord:
-        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy2")))  # call 0, held
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=5.0, probe_window=1) as coord,
+        anyio.create_task_group() as group,
+    ):
+        busy = Task(group, coord.lookup, 64, chain(4, b"busy2"))  # call 0, held
         await store.called(0)
-        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # windows 4, 8, 16, ...
-        await asyncio.sleep(0)
+        walker = Task(group, coord.lookup, 1024, doc)  # windows 4, 8, 16, ...
+        await settle()
         mine = doc[:40] + chain(24, b"mine")
-        follower = asyncio.ensure_future(coord.lookup(1024, mine))
-        await asyncio.sleep(0)
+        follower = Task(group, coord.lookup, 1024, mine)
+        await settle()
         for call in (1, 2, 3):  # the walker's rounds up to chunk 27: still all shared
             assert _followers(coord) == 1
             await store.open(call)
         n = await store.open_until(follower, 4)
-        assert await follower == 640
+        assert await follower.result() == 640
         assert coord.stats().dedup_hits_total == 0  # it never joined a key of the walker
         await store.open_until(walker, n)
-        assert await walker == 1024
+        assert await walker.result() == 1024
         await store.open(0)
-        assert await busy == 0
+        assert await busy.result() == 0
 
 
 async def test_followers_stop_waiting_once_the_walkers_rounds_outgrow_one_rpc() -> None:
@@ -770,15 +952,15 @@ async def test_followers_stop_waiting_once_the_walkers_rounds_outgrow_one_rpc() 
     store = GatedStore(FULL16.plan(1024, doc).keys)
     async with LookupCoordinator(
         FULL16, store, cache_ttl=5.0, probe_window=1, max_keys_per_rpc=12
-    ) as coord:
-        busy = asyncio.ensure_future(coord.lookup(64, chain(4, b"busy3")))  # call 0, held
+    ) as coord, anyio.create_task_group() as group:
+        busy = Task(group, coord.lookup, 64, chain(4, b"busy3"))  # call 0, held
         await store.called(0)
-        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # 4, 8 (+4 scouts), 16, ...
-        await asyncio.sleep(0)
-        follower = asyncio.ensure_future(coord.lookup(1024, doc[:40] + chain(24, b"mine")))
-        await asyncio.sleep(0)
+        walker = Task(group, coord.lookup, 1024, doc)  # 4, 8 (+4 scouts), 16, ...
+        await settle()
+        follower = Task(group, coord.lookup, 1024, doc[:40] + chain(24, b"mine"))
+        await settle()
         waits, n = 0, 1
-        while not follower.done():
+        while not follower.done:
             for w in coord._core._walkers.values():
                 if w.followers:
                     waits += 1
@@ -786,11 +968,11 @@ async def test_followers_stop_waiting_once_the_walkers_rounds_outgrow_one_rpc() 
             await store.open(n)
             n += 1
         assert waits >= 2  # it did wait, round after round, while the rounds were small
-        assert await follower == 640
+        assert await follower.result() == 640
         await store.open_until(walker, n)
-        assert await walker == 1024
+        assert await walker.result() == 1024
         await store.open(0)
-        assert await busy == 0
+        assert await busy.result() == 0
 
 
 async def test_no_waiting_for_a_walker_round_of_several_rpcs() -> None:
@@ -800,41 +982,49 @@ async def test_no_waiting_for_a_walker_round_of_several_rpcs() -> None:
     store = GatedStore(FULL16.plan(1024, doc).keys)
     async with LookupCoordinator(
         FULL16, store, cache_ttl=5.0, max_keys_per_rpc=8, max_rpcs_in_flight=4
-    ) as coord:
-        walker = asyncio.ensure_future(coord.lookup(1024, doc))  # idle: all 64 keys at once
+    ) as coord, anyio.create_task_group() as group:
+        walker = Task(group, coord.lookup, 1024, doc)  # idle: all 64 keys at once
         await store.called(3)  # calls 0-3: its first 32 keys (4 slots of 8), the rest queued
-        short = asyncio.ensure_future(coord.lookup(64, doc[:1] + chain(3, b"short")))
-        await asyncio.sleep(0)
+        short = Task(group, coord.lookup, 64, doc[:1] + chain(3, b"short"))
+        await settle()
         assert _followers(coord) == 0
-        for n in range(3):  # call 0 carries chunk 0; call 3 stays held for now
-            await store.open(n)
+        chunk0 = FULL16.plan(1024, doc).keys[0]
+        held = max(n for n in range(4) if chunk0 not in store.arrived_keys[n])  # asyncio: 3
+        for n in range(4):  # one of them carries chunk 0; call ``held`` stays held for now
+            if n != held:
+                await store.open(n)
         await store.open_until(short, 4)
-        assert await short == 16
-        assert not walker.done()  # still waits for call 3
-        await store.open_until(walker, 3)  # (the walker's later calls come in turn with others')
-        assert await walker == 1024
+        assert await short.result() == 16
+        assert not walker.done  # still waits for call ``held``
+        await store.open(held)
+        await store.open_until(walker, 4)  # (the walker's later calls come in turn with others')
+        assert await walker.result() == 1024
 
 
 async def test_close_leaves_no_rpc_task_behind() -> None:
     for spins in range(4):  # whenever the close comes, even before an RPC task started
         coord = LookupCoordinator(FULL16, FakeStore(delay=0.01))
-        task = asyncio.ensure_future(coord.lookup(64, chain(4, b"close%d" % spins)))
-        for _ in range(spins):
-            await asyncio.sleep(0)
-        await coord.aclose()
-        await asyncio.gather(task, return_exceptions=True)
-        assert not coord._rpc_tasks
+        async with anyio.create_task_group() as group, coord:
+            task = Task(group, coord.lookup, 64, chain(4, b"close%d" % spins))
+            for _ in range(spins):
+                await anyio.lowlevel.checkpoint()
+            await coord.aclose()
+            await task.outcome()
+        assert not rpc_tasks(coord)
         assert coord.stats().rpcs_in_flight == 0
 
 
 async def test_no_walkers_without_the_cache() -> None:
     doc = chain(32, b"no-cache")
     store = FakeStore(FULL16.plan(512, doc).keys, delay=0.01)
-    async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
-        tasks = [asyncio.ensure_future(coord.lookup(512, doc)) for _ in range(3)]
-        await asyncio.sleep(0)
+    async with (
+        LookupCoordinator(FULL16, store, cache_ttl=None) as coord,
+        anyio.create_task_group() as group,
+    ):
+        tasks = [Task(group, coord.lookup, 512, doc) for _ in range(3)]
+        await settle()
         assert _followers(coord) == 0 and not coord._core._walkers
-        assert await asyncio.gather(*tasks) == [512] * 3
+        assert [await t.result() for t in tasks] == [512] * 3
         assert coord.stats().dedup_hits_total > 0  # they shared keys instead
 
 
@@ -854,11 +1044,13 @@ async def test_known_prefixes_expire_with_the_answers_they_rest_on() -> None:
         assert await coord.lookup(256, doc) == 256
         store.present.clear()
         assert await coord.lookup(256, doc) == 256  # still within the TTL: known present
-        await asyncio.sleep(0.06)
+        await anyio.sleep(0.06)
         assert await coord.lookup(256, doc) == 0
 
 
-@settings(max_examples=30, deadline=None)
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     seed=st.integers(0, 2**16),
     window=st.sampled_from([None, 1, 2, 8, 16]),
@@ -866,7 +1058,8 @@ async def test_known_prefixes_expire_with_the_answers_they_rest_on() -> None:
     concurrency=st.sampled_from([1, 8, 64]),
 )
 def test_property_chat_prefixes_equal_plan_resolve(
-    seed: int, window: int | None, namespaces: int, concurrency: int
+    anyio_backend: tuple[str, dict[str, Any]], seed: int, window: int | None, namespaces: int,
+    concurrency: int,
 ) -> None:
     """Chat-like requests (documents shared up to a random cut, some chunks missing from the
     store) through the caches, scouts and rounds: every answer equals plan.resolve."""
@@ -886,16 +1079,16 @@ def test_property_chat_prefixes_equal_plan_resolve(
         requests.append((16 * rng.randrange(1, 49), hashes))
 
     async def run() -> list[int]:
-        sem = asyncio.Semaphore(concurrency)
+        sem = anyio.Semaphore(concurrency)
         async with LookupCoordinator(layout, store, cache_ttl=5.0, probe_window=window) as coord:
             async def one(token_len: int, hashes: list[bytes]) -> int:
                 async with sem:
-                    await asyncio.sleep(rng.random() * 0.001)
+                    await anyio.sleep(rng.random() * 0.001)
                     return await coord.lookup(token_len, hashes)
 
-            return await asyncio.gather(*(one(t, h) for t, h in requests))
+            return await gather(*(lambda t=t, h=h: one(t, h) for t, h in requests))
 
-    hits = asyncio.run(run())
+    hits = anyio.run(run, backend=anyio_backend[0], backend_options=anyio_backend[1])
     assert hits == [expected(layout, store, t, h) for t, h in requests]
 
 
@@ -907,8 +1100,8 @@ async def test_failed_rpc_reaches_only_its_callers() -> None:
     store.add(FULL16.plan(64, good).keys)
     store.add(poison)
     async with LookupCoordinator(FULL16, store, max_keys_per_rpc=4, failure_backoff=0.05) as coord:
-        results = await asyncio.gather(
-            coord.lookup(64, bad), coord.lookup(64, good), return_exceptions=True
+        results = await gather(
+            lambda: coord.lookup(64, bad), lambda: coord.lookup(64, good), return_exceptions=True
         )
         failed, ok = results
         assert isinstance(failed, mcl.StoreError) and failed.code == -901
@@ -946,7 +1139,7 @@ async def test_fail_fast_while_store_is_down_then_recover() -> None:
                 await coord.lookup(64, hashes)
         assert len(store.calls) == calls  # not fed while down
         store.fail_with = None
-        await asyncio.sleep(0.25)
+        await anyio.sleep(0.25)
         assert await coord.lookup(64, hashes) == 64
         assert coord.healthy
 
@@ -954,15 +1147,15 @@ async def test_fail_fast_while_store_is_down_then_recover() -> None:
 async def test_cancelled_caller_leaves_others_alone() -> None:
     a, b = chain(8, b"a"), chain(8, b"b")
     store = FakeStore(FULL16.plan(128, a).keys + FULL16.plan(128, b).keys, delay=0.05)
-    async with LookupCoordinator(FULL16, store) as coord:
-        ta = asyncio.ensure_future(coord.lookup(128, a))
-        tb = asyncio.ensure_future(coord.lookup(128, b))
-        await asyncio.sleep(0.01)
+    async with LookupCoordinator(FULL16, store) as coord, anyio.create_task_group() as group:
+        ta = Task(group, coord.lookup, 128, a)
+        tb = Task(group, coord.lookup, 128, b)
+        await anyio.sleep(0.01)
         ta.cancel()
-        assert await tb == 128
-        with pytest.raises(asyncio.CancelledError):
-            await ta
-        await asyncio.sleep(0.06)
+        assert await tb.result() == 128
+        with pytest.raises(Cancelled):
+            await ta.result()
+        await anyio.sleep(0.06)
         core = coord._core
         assert not core.lookups and not core.table.queued and not core.table.waiting
         assert coord.stats().lookups_cancelled_total == 1
@@ -971,14 +1164,17 @@ async def test_cancelled_caller_leaves_others_alone() -> None:
 async def test_cancel_before_dispatch_drops_queued_keys() -> None:
     hashes = chain(8, b"q")
     store = FakeStore(delay=0.05)
-    async with LookupCoordinator(FULL16, store, max_rpcs_in_flight=1) as coord:
-        first = asyncio.ensure_future(coord.lookup(128, chain(8, b"first")))
-        await asyncio.sleep(0.01)  # the only slot is busy
-        queued = asyncio.ensure_future(coord.lookup(128, hashes))
-        await asyncio.sleep(0)
+    async with (
+        LookupCoordinator(FULL16, store, max_rpcs_in_flight=1) as coord,
+        anyio.create_task_group() as group,
+    ):
+        first = Task(group, coord.lookup, 128, chain(8, b"first"))
+        await anyio.sleep(0.01)  # the only slot is busy
+        queued = Task(group, coord.lookup, 128, hashes)
+        await settle()
         queued.cancel()
-        await first
-        await asyncio.sleep(0.06)
+        await first.result()
+        await anyio.sleep(0.06)
     sent = {k for c in store.calls for k in c}
     assert not sent & set(FULL16.plan(128, hashes).keys)
 
@@ -986,9 +1182,11 @@ async def test_cancel_before_dispatch_drops_queued_keys() -> None:
 async def test_timeout_bounds_a_lookup_without_hurting_others() -> None:
     store = FakeStore(delay=0.3)
     async with LookupCoordinator(FULL16, store) as coord:
-        slow = coord.lookup(64, chain(4, b"s"), timeout=0.05)
-        patient = coord.lookup(64, chain(4, b"p"))
-        results = await asyncio.gather(slow, patient, return_exceptions=True)
+        results = await gather(
+            lambda: coord.lookup(64, chain(4, b"s"), timeout=0.05),
+            lambda: coord.lookup(64, chain(4, b"p")),
+            return_exceptions=True,
+        )
         assert isinstance(results[0], mcl.LookupTimeout)
         assert isinstance(results[0], TimeoutError)
         assert results[1] == 0
@@ -998,12 +1196,13 @@ async def test_timeout_bounds_a_lookup_without_hurting_others() -> None:
 async def test_backpressure_raise_and_wait() -> None:
     store = FakeStore(delay=0.05)
     async with LookupCoordinator(FULL16, store, max_pending_lookups=2, when_full="raise") as c:
-        results = await asyncio.gather(
-            *(c.lookup(64, chain(4, bytes([i]))) for i in range(3)), return_exceptions=True
+        results = await gather(
+            *(lambda i=i: c.lookup(64, chain(4, bytes([i]))) for i in range(3)),
+            return_exceptions=True,
         )
         assert sum(isinstance(r, mcl.Overloaded) for r in results) == 1
     async with LookupCoordinator(FULL16, store, max_pending_lookups=2, when_full="wait") as c:
-        results = await asyncio.gather(*(c.lookup(64, chain(4, bytes([i]))) for i in range(6)))
+        results = await gather(*(lambda i=i: c.lookup(64, chain(4, bytes([i]))) for i in range(6)))
         assert results == [0] * 6
         assert c.stats().pending_lookups == 0
 
@@ -1011,27 +1210,28 @@ async def test_backpressure_raise_and_wait() -> None:
 async def test_close_settles_pending_callers() -> None:
     store = FakeStore(delay=1.0)
     coord = LookupCoordinator(FULL16, store)
-    async with coord:
-        pending = [asyncio.ensure_future(coord.lookup(64, chain(4, bytes([i])))) for i in range(3)]
-        await asyncio.sleep(0.01)
-    results = await asyncio.gather(*pending, return_exceptions=True)
+    async with anyio.create_task_group() as group:
+        async with coord:
+            pending = [Task(group, coord.lookup, 64, chain(4, bytes([i]))) for i in range(3)]
+            await anyio.sleep(0.01)
+        results = [await p.outcome() for p in pending]
     assert all(isinstance(r, mcl.ClosedError) for r in results)
     with pytest.raises(mcl.ClosedError):
         await coord.lookup(64, chain(4, b"late"))
-    assert not coord._rpc_tasks and coord._dispatcher is not None and coord._dispatcher.done()
+    assert not tasks_left(coord)
 
 
 async def test_bad_input_fails_in_caller_before_batching() -> None:
     store = FakeStore(delay=0.01)
-    async with LookupCoordinator(FULL16, store) as coord:
-        good = asyncio.ensure_future(coord.lookup(64, chain(4, b"ok")))
+    async with LookupCoordinator(FULL16, store) as coord, anyio.create_task_group() as group:
+        good = Task(group, coord.lookup, 64, chain(4, b"ok"))
         with pytest.raises(mcl.InvalidRequest):
             await coord.lookup(63, chain(4, b"x"))  # unaligned
         with pytest.raises(mcl.InvalidRequest):
             await coord.lookup(64, [b"ok", 7])  # type: ignore[list-item]
         with pytest.raises(mcl.InvalidRequest):
             await coord.lookup(True, chain(4, b"x"))
-        assert await good == 0
+        assert await good.result() == 0
     assert len(store.calls) == 1
 
 
@@ -1041,8 +1241,8 @@ async def test_one_coordinator_serves_several_layouts() -> None:
     hashes = chain(4, b"shared")
     store = FakeStore(other.plan(64, hashes).keys)
     async with LookupCoordinator(FULL16, store, cache_ttl=None) as coord:
-        hits = await asyncio.gather(coord.lookup(64, hashes), coord.lookup(64, hashes,
-                                                                            layout=other))
+        hits = await gather(lambda: coord.lookup(64, hashes),
+                            lambda: coord.lookup(64, hashes, layout=other))
         assert hits == [0, 64]
         assert coord.stats().rpcs_total == 1
 
@@ -1088,7 +1288,8 @@ CASE_REQUESTS = _case_requests()
     cache=st.sampled_from([None, 5.0]),
 )
 def test_property_coordinator_equals_plan_resolve(
-    picks: list[int], seed: int, rounds: bool, max_keys: int, cache: float | None
+    anyio_backend: tuple[str, dict[str, Any]], picks: list[int], seed: int, rounds: bool,
+    max_keys: int, cache: float | None,
 ) -> None:
     """Random real-vLLM cases, one store holding all their present keys, random arrival
     order and delays: every coordinator answer equals plan.resolve on that store."""
@@ -1100,28 +1301,26 @@ def test_property_coordinator_equals_plan_resolve(
 
     async def one(layout: KVLayout, token_len: int, hashes: list[bytes],
                   coord: LookupCoordinator) -> int:
-        await asyncio.sleep(rng.random() * 0.002)
+        await anyio.sleep(rng.random() * 0.002)
         return await coord.lookup(token_len, hashes, layout=layout)
 
     async def run() -> list[int]:
         async with LookupCoordinator(chosen[0][0], store, rounds=rounds,
                                      max_keys_per_rpc=max_keys, cache_ttl=cache) as coord:
-            return await asyncio.gather(*(one(lay, t, h, coord) for lay, t, h, _ in chosen))
+            return await gather(
+                *(lambda lay=lay, t=t, h=h: one(lay, t, h, coord) for lay, t, h, _ in chosen)
+            )
 
-    hits = asyncio.run(run())
+    hits = anyio.run(run, backend=anyio_backend[0], backend_options=anyio_backend[1])
     assert hits == [expected(lay, store, t, h) for lay, t, h, _ in chosen]
 
 
-def test_array_and_list_hashes_give_the_same_hit() -> None:
+async def test_array_and_list_hashes_give_the_same_hit() -> None:
     hashes = chain(32, b"arr")
     store = FakeStore(HYBRID.plan(256, hashes).keys)
-
-    async def run() -> tuple[int, int]:
-        async with LookupCoordinator(HYBRID, store) as coord:
-            arr = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(-1, 32)
-            return await coord.lookup(256, hashes), await coord.lookup(256, arr)
-
-    assert asyncio.run(run()) == (256, 256)
+    async with LookupCoordinator(HYBRID, store) as coord:
+        arr = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(-1, 32)
+        assert (await coord.lookup(256, hashes), await coord.lookup(256, arr)) == (256, 256)
 
 
 @pytest.mark.parametrize("rounds", [True, False])
@@ -1136,8 +1335,8 @@ async def test_vllm_index_error_case_fails_only_its_caller(rounds: bool) -> None
     ok = [b"x", b"y", b"z", b"w"]
     store = FakeStore(layout.plan(64, short).keys + layout.plan(64, ok).keys, delay=0.01)
     async with LookupCoordinator(layout, store, rounds=rounds) as coord:
-        results = await asyncio.gather(
-            coord.lookup(64, short), coord.lookup(64, ok), return_exceptions=True
+        results = await gather(
+            lambda: coord.lookup(64, short), lambda: coord.lookup(64, ok), return_exceptions=True
         )
     assert isinstance(results[0], mcl.InvalidRequest)
     assert results[1] == expected(layout, store, 64, ok)
@@ -1145,35 +1344,39 @@ async def test_vllm_index_error_case_fails_only_its_caller(rounds: bool) -> None
 
 async def test_caller_cancelled_as_its_rpc_fails_leaves_others_and_keys_usable() -> None:
     """Regression (review): Task.cancel() settles the future before the lookup's task runs
-    again; the failed RPC's fan-out must not trip over it."""
+    again (asyncio); the failed RPC's fan-out must not trip over it."""
 
     class GatedFailingStore(FakeStore):
         def __init__(self) -> None:
             super().__init__()
-            self.gate = asyncio.Event()
+            self.gate = anyio.Event()
 
         async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
             await self.gate.wait()
             raise mcl.StoreError("boom", code=-900)
 
     store = GatedFailingStore()
-    async with LookupCoordinator(FULL16, store, failure_backoff=0.01) as coord:
-        ta = asyncio.ensure_future(coord.lookup(64, chain(4, b"a")))
-        tb = asyncio.ensure_future(coord.lookup(64, chain(4, b"b")))
-        await asyncio.sleep(0.01)
+    async with (
+        LookupCoordinator(FULL16, store, failure_backoff=0.01) as coord,
+        anyio.create_task_group() as group,
+    ):
+        ta = Task(group, coord.lookup, 64, chain(4, b"a"))
+        tb = Task(group, coord.lookup, 64, chain(4, b"b"))
+        await anyio.sleep(0.01)
         store.gate.set()
         ta.cancel()  # same loop iteration as the RPC's failure
-        with pytest.raises(mcl.StoreError):
-            await asyncio.wait_for(tb, 2)
+        with pytest.raises(mcl.StoreError), anyio.fail_after(2):
+            await tb.result()
         assert not coord._core.table.waiting
-        await asyncio.sleep(0.02)
-        with pytest.raises(mcl.StoreError):  # its keys are not stranded
-            await asyncio.wait_for(coord.lookup(64, chain(4, b"b")), 2)
-        assert coord._dispatcher is not None and not coord._dispatcher.done()
-    with pytest.raises(asyncio.CancelledError):
-        await ta
+        await anyio.sleep(0.02)
+        with pytest.raises(mcl.StoreError), anyio.fail_after(2):  # its keys are not stranded
+            await coord.lookup(64, chain(4, b"b"))
+        assert dispatcher_running(coord)
+    with pytest.raises(Cancelled):
+        await ta.result()
 
 
+@ASYNCIO_ONLY  # asyncio's CancelledError is an exception a store may raise; trio's is not
 async def test_store_raising_cancelled_error_is_a_store_failure() -> None:
     class CancellingStore(FakeStore):
         async def batch_is_exist(self, keys: Sequence[Any]) -> list[int]:
@@ -1188,7 +1391,10 @@ async def test_store_raising_cancelled_error_is_a_store_failure() -> None:
 async def test_admission_is_first_come_first_served() -> None:
     """A big lookup waiting for room is not starved by small ones that would fit."""
     store = FakeStore(delay=0.002)
-    async with LookupCoordinator(FULL16, store, max_pending_keys=8, cache_ttl=None) as coord:
+    async with (
+        LookupCoordinator(FULL16, store, max_pending_keys=8, cache_ttl=None) as coord,
+        anyio.create_task_group() as group,
+    ):
         stop = False
         counter = iter(range(10**9))
 
@@ -1196,12 +1402,15 @@ async def test_admission_is_first_come_first_served() -> None:
             while not stop:
                 await coord.lookup(64, chain(4, b"s%d" % next(counter)))
 
-        clients = [asyncio.ensure_future(small_client()) for _ in range(3)]
-        await asyncio.sleep(0.02)
-        big = asyncio.ensure_future(coord.lookup(160, chain(10, b"big")))
-        assert await asyncio.wait_for(big, 2) == 0
+        clients = [Task(group, small_client) for _ in range(3)]
+        await anyio.sleep(0.02)
+        big = Task(group, coord.lookup, 160, chain(10, b"big"))
+        with anyio.fail_after(2):
+            assert await big.result() == 0
         stop = True
-        await asyncio.wait_for(asyncio.gather(*clients), 2)
+        with anyio.fail_after(2):
+            for client in clients:
+                await client.result()
 
 
 async def test_healthy_again_once_the_failure_pause_is_over() -> None:
@@ -1211,7 +1420,7 @@ async def test_healthy_again_once_the_failure_pause_is_over() -> None:
         with pytest.raises(mcl.StoreError):
             await coord.lookup(64, chain(4, b"h"))
         assert not coord.healthy and not coord.stats().store_healthy
-        await asyncio.sleep(0.06)
+        await anyio.sleep(0.06)
         assert coord.healthy
 
 
