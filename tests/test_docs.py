@@ -920,22 +920,33 @@ def test_benchmarks_summary_states_the_figures_of_its_sections() -> None:
     benchmark changes them: update the summary with it)."""
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     summary = page.split("<!--", 1)[0]
-    ratios = {
-        row.split("|")[1].strip(): re.findall(r"\*\*([\d.]+x)\*\*", row)[-1]
+    found = {  # scenario -> (vs seed-naive, vs per-request)
+        row.split("|")[1].strip(): re.findall(r"\*\*([\d.]+x)\*\*", row)
         for row in _section(page, "bench_coalesce").splitlines()
         if row.startswith("|") and "| coordinator |" in row
     }
+    ratios = {name: both[0] for name, both in found.items()}
     rows = {line.split("|")[1].strip(): line for line in summary.splitlines() if "|" in line}
 
     def row(start: str) -> str:
         return next(text for name, text in rows.items() if name.startswith(start))
 
-    assert f"**{ratios['chat']}**" in row("chat:") and ratios["chat-0.33"] in row("chat:")
-    assert ratios["chat-single"] in row("the same chat prompts, one caller")
+    def pair(name: str) -> str:
+        return f"{found[name][0]} / {found[name][1]}"
+
+    chat = row("chat:")
+    assert f"**{pair('chat')}".replace(" / ", "** / ") in chat and pair("chat-0.33") in chat
+    single = row("the same chat prompts, one caller")
+    assert pair("chat-single") in single and pair("chat-single-0.33") in single
     dsv4 = row("DeepSeek-V4-like (4 groups")
-    assert all(ratios[k] in dsv4 for k in ("dsv4", "dsv4-single", "dsv4-0.33"))
-    assert ratios["sessions"] in row("multi-turn sessions")
-    assert f"{ratios['chat-burst']} / {ratios['dsv4-burst']}" in row("cold bursts")
+    assert all(pair(k) in dsv4 for k in ("dsv4", "dsv4-single", "dsv4-0.33", "dsv4-single-0.33"))
+    sessions = row("multi-turn sessions")
+    assert all(pair(k) in sessions for k in ("sessions", "sessions-0.33", "sessions-hybrid-0.33"))
+    bursts = row("cold bursts")
+    assert f"{ratios['chat-burst']} / {ratios['dsv4-burst']}" in bursts
+    assert f"{ratios['chat-burst-0.33']} / {ratios['dsv4-burst-0.33']}" in bursts
+    sglang = re.findall(r"\*\*([\d.]+x)\*\*", _section(page, "bench_sglang"))
+    assert f"{sglang[-2]} / {sglang[-1]}" in row("SGLang HiCache")
     loadgen = _section(page, "bench_loadgen")
     savings = re.findall(r"^saving at concurrency \d+: ([\d.]+x)", loadgen, re.M)
     assert ", ".join(savings) in row("the load generator's default run"), savings
