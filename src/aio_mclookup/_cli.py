@@ -417,6 +417,17 @@ def _quiet_fd2(log_path: str | None) -> Iterator[tuple[TextIO, str]]:
 
 
 def _loadgen(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ._loadgen.run import LEFT_OPEN
+
+    code = _loadgen_run(args, parser)
+    if LEFT_OPEN:  # in-process etcd:// clients: their close, or their destructor at exit,
+        sys.stdout.flush()  # would hold the GIL ~30 s each (see closes_holding_the_gil)
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _loadgen_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ._loadgen.report import format_summary, report_unavailable, write_json, write_png
     from ._loadgen.run import run_loadgen
     from ._store.pool import MOONCAKE_INSTALL

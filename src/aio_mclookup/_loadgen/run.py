@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from .._errors import Error, StoreError
 from .._hashing import BlockHasher
+from .._store.etcd import etcd_endpoints
 from .baseline import Lookup, RawClient, naive_lookup
 from .results import COORDINATOR, NAIVE, LoadgenConfig, LoadgenReport, RunResult
 from .workload import (
@@ -383,14 +384,14 @@ async def _fill(
     t0 = time.perf_counter()
     keys = workload.store_keys()
     report.store["keys_build_s"] = round(time.perf_counter() - t0, 3)
-    writer = await stack.enter_async_context(
-        StoreWriter(
-            address,
-            metadata,
-            segment_size=_WRITER_SEGMENT,
-            local_hostname=cfg.local_hostname,
-        )
+    opened = StoreWriter(
+        address, metadata, segment_size=_WRITER_SEGMENT, local_hostname=cfg.local_hostname
     )
+    if closes_holding_the_gil(address):  # (kept open: see closes_holding_the_gil)
+        writer = await opened.__aenter__()
+        LEFT_OPEN.append(writer)
+    else:
+        writer = await stack.enter_async_context(opened)
     t0 = time.perf_counter()
     written = 0
     for start in range(0, len(keys), _WRITE_CHUNK):
@@ -429,7 +430,10 @@ async def _measure(
     if cfg.compare:
         raw = RawClient(address, metadata, cfg.local_hostname)
         await asyncio.to_thread(raw.open_blocking)
-        stack.push_async_callback(_close_raw, raw)
+        if closes_holding_the_gil(address):  # (kept open: see there)
+            LEFT_OPEN.append(raw)
+        else:
+            stack.push_async_callback(_close_raw, raw)
     requests = workload.requests
     hasher = workload_hasher(cfg.layout) if cfg.spec.token_ids else None
     # Warm-up: one lookup each way (connections, first-call costs); not measured.
@@ -463,6 +467,20 @@ async def _measure(
 
 def _one(cfg: LoadgenConfig) -> LoadgenConfig:
     return dataclasses.replace(cfg, requests=1, duration=None)
+
+
+LEFT_OPEN: list[Any] = []
+"""In-process clients of an ``etcd://`` master, referenced until the process ends (see
+:func:`closes_holding_the_gil`)."""
+
+
+def closes_holding_the_gil(address: str) -> bool:
+    """Whether the wheel's in-process clients of this master hold the GIL ~30 s when they
+    close, or when their last reference goes (an ``etcd://`` address; docs/mooncake.md). The
+    load generator's seed-naive client and writer are then kept open in :data:`LEFT_OPEN`,
+    and the CLI ends with ``os._exit`` once its output is written. (Its lookups'
+    ``MooncakeStore`` runs its client in a child process, which closes at once.)"""
+    return etcd_endpoints(address) is not None
 
 
 async def _close_raw(raw: RawClient) -> None:
