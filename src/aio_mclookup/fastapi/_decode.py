@@ -86,6 +86,21 @@ def _unhex(text: str) -> bytes:
     return binascii.unhexlify(text.encode("ascii"))
 
 
+def _decode_hashes(raw: Mapping[str, Any], form: str, loc: Loc, max_hashes: int) -> HashInput:
+    """The hashes of a body in ``form`` ``block_hashes`` (hex strings) or
+    ``block_hashes_b64`` (with ``hash_len``), decoded; a 422 naming the field otherwise."""
+    if form == "block_hashes":
+        if raw.get("hash_len") is not None:
+            raise _invalid([*loc, "hash_len"], "hash_len goes with block_hashes_b64 only")
+        hashes = raw["block_hashes"]
+        if type(hashes) is not list:
+            raise _invalid(
+                [*loc, "block_hashes"], f"block_hashes must be an array, not {_kind(hashes)}"
+            )
+        return _decode_hex(hashes, loc, max_hashes)
+    return _decode_b64(raw, loc, max_hashes)
+
+
 def _decode_hex(hashes: list[Any], loc: Loc, limit: int) -> HashInput:
     """Hex strings -> a 2-D uint8 array (one width) or a list of bytes (mixed widths)."""
     if len(hashes) > limit:  # before any per-item work
@@ -270,17 +285,7 @@ class _Decoder:
                 raise _invalid([*loc, name], f"{name} goes with token_ids only")
         token_len = _int_field(raw, "token_len", loc, 0, _MAX_TOKENS)
         num_tokens = _int_field(raw, "num_tokens", loc, 0, _MAX_TOKENS)
-        if form == "block_hashes":
-            if raw.get("hash_len") is not None:
-                raise _invalid([*loc, "hash_len"], "hash_len goes with block_hashes_b64 only")
-            hashes = raw["block_hashes"]
-            if type(hashes) is not list:
-                raise _invalid(
-                    [*loc, "block_hashes"], f"block_hashes must be an array, not {_kind(hashes)}"
-                )
-            decoded = _decode_hex(hashes, loc, self.max_hashes)
-        else:
-            decoded = _decode_b64(raw, loc, self.max_hashes)
+        decoded = _decode_hashes(raw, form, loc, self.max_hashes)
         return self._counted(token_len, num_tokens, decoded, form, loc, layout)
 
     def scanned(self, body: bytes, loc: Loc, layout: KVLayout) -> _Item | None:

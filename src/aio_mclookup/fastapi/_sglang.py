@@ -9,8 +9,7 @@ from typing import Any
 
 from .. import InvalidRequest, SGLangLayout
 from ._decode import (
-    _decode_b64,
-    _decode_hex,
+    _decode_hashes,
     _decode_token_ids,
     _form,
     _int_field,
@@ -75,17 +74,7 @@ class SGLangDecoder:
         num_tokens = _int_field(raw, "num_tokens", loc, 0, _MAX_TOKENS)
         if num_tokens is None:
             raise _invalid([*loc, "num_tokens"], "give num_tokens with page hashes")
-        if form == "block_hashes":
-            if raw.get("hash_len") is not None:
-                raise _invalid([*loc, "hash_len"], "hash_len goes with block_hashes_b64 only")
-            hashes = raw["block_hashes"]
-            if type(hashes) is not list:
-                raise _invalid(
-                    [*loc, "block_hashes"], f"block_hashes must be an array, not {_kind(hashes)}"
-                )
-            decoded = _decode_hex(hashes, loc, self.max_hashes)
-        else:
-            decoded = _decode_b64(raw, loc, self.max_hashes)
+        decoded = _decode_hashes(raw, form, loc, self.max_hashes)
         return self.checked(_Item(None, num_tokens, decoded, form), loc, layout)
 
     @staticmethod
