@@ -5,7 +5,6 @@ uvloop and trio (through anyio)."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import anyio
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup._plan.rounds import probe_state
-from helpers import gather
+from helpers import chain, gather
 from test_hits_v033 import requests
 
 try:
@@ -109,14 +108,6 @@ HYBRID_TP4 = mcl.KVLayout(
 )
 
 
-def _chain(n: int, tag: bytes) -> list[bytes]:
-    out, parent = [], tag
-    for i in range(n):
-        parent = hashlib.sha256(parent + i.to_bytes(4, "little")).digest()
-        out.append(parent)
-    return out
-
-
 def _stored(layout: mcl.KVLayout, hashes: list[bytes]) -> list[bytes]:
     """The keys of a prompt stored whole (what a lookup of all of it probes)."""
     return layout.plan(len(hashes) * layout.hash_block_size, hashes).keys
@@ -124,7 +115,7 @@ def _stored(layout: mcl.KVLayout, hashes: list[bytes]) -> list[bytes]:
 
 async def test_a_hybrid_probes_far_fewer_keys_than_one_round_with_the_same_result() -> None:
     # DSv4-like, 64K tokens, stored up to 24K (96 chunks): not the 5,376 keys of one round.
-    hashes = _chain(16384, b"doc")
+    hashes = chain(16384, b"doc")
     store = mcl.FakeStore(_stored(DSV4_LIKE, hashes[: 24576 // 4]))
     plan = DSV4_LIKE.plan(65536 + 100, hashes)
     answers = [1 if k in store.present else 0 for k in plan.keys]
@@ -150,7 +141,7 @@ async def test_a_hybrid_probes_far_fewer_keys_than_one_round_with_the_same_resul
 
 
 async def test_a_hybrid_takes_its_full_attention_prefix_from_the_known_prefixes() -> None:
-    hashes = _chain(256, b"prompt")
+    hashes = chain(256, b"prompt")
     store = mcl.FakeStore(_stored(HYBRID_TP4, hashes[:200]))
     plan = HYBRID_TP4.plan(256 * 16, hashes)
     want = plan.resolve_result([1 if k in store.present else 0 for k in plan.keys])
@@ -169,7 +160,7 @@ async def test_a_hybrid_takes_its_full_attention_prefix_from_the_known_prefixes(
 
 
 async def test_a_multi_group_plan_with_rank_namespaces_is_tracked_by_chunk() -> None:
-    hashes = _chain(64, b"items")
+    hashes = chain(64, b"items")
     store = mcl.FakeStore(_stored(HYBRID_TP4, hashes[:40]))
     plan = HYBRID_TP4.plan(64 * 16, hashes)
     assert plan._chunk_keys == 4  # (an item: a chunk's keys in every namespace)
