@@ -76,11 +76,9 @@ def _int(value: object, field: str) -> int:
         ) from None
 
 
-def token_array(token_ids: object) -> tuple[NDArray[np.unsignedinteger[Any]], int]:
-    """``token_ids`` (a sequence of ints or a 1-D integer array) as an unsigned array (32 or
-    64 bits), every id in ``0 <= id < 2**63``, and the largest id (0 when there are none)."""
-    if isinstance(token_ids, np.ndarray):
-        return _from_array(token_ids)
+def token_list(token_ids: object) -> list[Any] | tuple[Any, ...]:
+    """Token ids given as a sequence (not an array), as a list or tuple of at most
+    :data:`MAX_TOKENS` items (not checked to be ints); :class:`InvalidRequest` otherwise."""
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)) or not isinstance(
         token_ids, Sequence
     ):
@@ -89,13 +87,20 @@ def token_array(token_ids: object) -> tuple[NDArray[np.unsignedinteger[Any]], in
             f"{type(token_ids).__name__}",
             field="token_ids",
         )
-    n = len(token_ids)
-    if n > MAX_TOKENS:
+    if len(token_ids) > MAX_TOKENS:
         raise InvalidRequest(
-            f"{n:,} token ids are over the limit of {MAX_TOKENS:,} per call",
+            f"{len(token_ids):,} token ids are over the limit of {MAX_TOKENS:,} per call",
             field="token_ids",
         )
-    ids = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
+    return token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
+
+
+def token_array(token_ids: object) -> tuple[NDArray[np.unsignedinteger[Any]], int]:
+    """``token_ids`` (a sequence of ints or a 1-D integer array) as an unsigned array (32 or
+    64 bits), every id in ``0 <= id < 2**63``, and the largest id (0 when there are none)."""
+    if isinstance(token_ids, np.ndarray):
+        return _from_array(token_ids)
+    ids = token_list(token_ids)
     # array refuses non-integers, negative ids and ids beyond its type; 32 bits when they fit
     # (less memory to go through), else 64
     try:
@@ -107,7 +112,7 @@ def token_array(token_ids: object) -> tuple[NDArray[np.unsignedinteger[Any]], in
             raise _bad_id(ids) from None
     except TypeError:
         raise _bad_id(ids) from None
-    top = int(arr.max()) if n else 0
+    top = int(arr.max()) if len(ids) else 0
     if top >= _TOKEN_LIMIT:
         raise _bad_id(ids)
     return arr, top

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import InvalidRequest
-from ._inputs import MAX_TOKENS
+from ._inputs import MAX_TOKENS, token_list
 
 __all__ = ["namespace_seed", "page_hashes", "token_ids_q"]
 
@@ -68,20 +68,7 @@ def token_ids_q(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uin
     uint32 when every id fits (the usual case: nothing left to check), else int64."""
     if isinstance(token_ids, np.ndarray):
         return _from_array(token_ids)
-    if isinstance(token_ids, (str, bytes, bytearray, memoryview)) or not isinstance(
-        token_ids, Sequence
-    ):
-        raise InvalidRequest(
-            "token_ids must be a list of ints or a 1-D integer numpy array, not "
-            f"{type(token_ids).__name__}",
-            field="token_ids",
-        )
-    if len(token_ids) > MAX_TOKENS:
-        raise InvalidRequest(
-            f"{len(token_ids):,} token ids are over the limit of {MAX_TOKENS:,} per call",
-            field="token_ids",
-        )
-    ids = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
+    ids = token_list(token_ids)
     try:  # (C loops that refuse non-ints and ids beyond the type; 32 bits is the fast one)
         return np.frombuffer(array.array("I", ids), dtype=np.uintc).astype("<u4", copy=False)
     except (TypeError, OverflowError):
