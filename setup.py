@@ -16,6 +16,12 @@ setup(
             libraries=["crypto"],
             extra_compile_args=["-O3", "-Wno-deprecated-declarations"],
             optional=True,
-        )
+        ),
+        Extension(
+            "aio_mclookup._rows_c",
+            ["src/aio_mclookup/_rows_c.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ]
 )

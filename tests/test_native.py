@@ -23,7 +23,10 @@ from aio_mclookup._hashing import _hasher
 from test_hashing import SETTINGS, reference_hashes, rows
 
 CHAIN = "aio_mclookup._hashing._chain_c"
+ROWS = "aio_mclookup._rows_c"
 BUILT = importlib.util.find_spec(CHAIN) is not None
+EXTENSIONS = {name: importlib.util.find_spec(name) is not None for name in (CHAIN, ROWS)}
+"""Every extension setup.py builds, and whether it was built here."""
 needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
 C_CHAIN: Any = importlib.import_module(CHAIN) if BUILT else None
 """The extension itself, whichever path this process runs (the comparisons set each in turn)."""
@@ -48,24 +51,31 @@ def _probe(no_extensions: str | None) -> tuple[dict[str, bool], str]:
 
 
 def test_the_compiled_path_loads_when_built() -> None:
-    if not BUILT and os.environ.get("CI"):
-        pytest.fail(f"{CHAIN} is not built: run.sh builds it (needs gcc, python3-dev, libssl-dev)")
+    missing = [name for name, built in EXTENSIONS.items() if not built]
+    if missing and os.environ.get("CI"):
+        pytest.fail(f"{missing} not built: run.sh builds them (needs gcc, python3-dev, libssl-dev)")
     loaded, log = _probe(None if not os.environ.get(_native.ENV_VAR) else "0")
-    assert loaded == {CHAIN: BUILT}
-    want = "compiled (built)" if BUILT else "pure Python (not built"
-    assert log.count(f"aio_mclookup: {CHAIN}: {want}") == 1, log
+    assert loaded == EXTENSIONS
+    for name, built in EXTENSIONS.items():
+        want = "compiled (built)" if built else "pure Python (not built"
+        assert log.count(f"aio_mclookup: {name}: {want}") == 1, log
 
 
 @pytest.mark.parametrize("value", ["1", "yes"])
 def test_the_env_var_selects_pure_python(value: str) -> None:
     loaded, log = _probe(value)
-    assert loaded == {CHAIN: False}
-    assert log.count(f"aio_mclookup: {CHAIN}: pure Python ({_native.ENV_VAR} is set)") == 1, log
+    assert loaded == dict.fromkeys(EXTENSIONS, False)
+    for name in EXTENSIONS:
+        assert log.count(f"aio_mclookup: {name}: pure Python ({_native.ENV_VAR} is set)") == 1, log
 
 
 def test_this_process_runs_the_path_its_environment_asks_for() -> None:
+    from aio_mclookup import _rows
+
     assert (_hasher._C is not None) == (BUILT and not _native.disabled())
     assert _native.loaded()[CHAIN] == (_hasher._C is not None)
+    assert (_rows._C is not None) == (EXTENSIONS[ROWS] and not _native.disabled())
+    assert _native.loaded()[ROWS] == (_rows._C is not None)
 
 
 def _both(monkeypatch: pytest.MonkeyPatch, hasher: BlockHasher, tokens: object,

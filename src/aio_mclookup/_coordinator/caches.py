@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KnownPrefixes", "NextChunk", "PositiveCache", "common_rows"]
+from .._rows import common_rows
+
+__all__ = ["KnownPrefixes", "NextChunk", "PositiveCache"]
 
 _NEVER = math.inf
 RUN_OVERHEAD_ROWS = 8
@@ -323,22 +325,3 @@ class KnownPrefixes:
             oldest = next(iter(self._runs))
             self._rows -= self._runs.pop(oldest)[1]
 
-
-def common_rows(
-    a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8], limit: int | None = None
-) -> int:
-    """How many leading rows ``a`` and ``b`` share (same width), at most ``limit`` (and at
-    most the shorter one's length)."""
-    m: int = min(a.shape[0], b.shape[0])
-    if limit is not None and limit < m:
-        m = limit
-    width: int = a.shape[1]
-    if not m or not width:  # (rows of empty hashes are all equal)
-        return m
-    if a.shape[0] != m:
-        a = a[:m]
-    if b.shape[0] != m:
-        b = b[:m]
-    differs = (a != b).ravel()
-    first = int(differs.argmax())
-    return first // width if differs[first] else m

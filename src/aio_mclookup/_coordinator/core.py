@@ -40,8 +40,9 @@ from .._plan.plan import LookupPlan
 from .._plan.probing import SCOUTS, ProbeState
 from .._plan.rounds import probe_state
 from .._resolve.answers import present_keys
+from .._rows import common_rows
 from .breaker import Breaker
-from .caches import KnownPrefixes, NextChunk, PositiveCache, common_rows
+from .caches import KnownPrefixes, NextChunk, PositiveCache
 from .options import CoordinatorOptions
 from .table import BULK, POS_BITS, POS_MASK, KeyTable, Subscribers
 

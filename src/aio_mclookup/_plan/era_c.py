@@ -120,6 +120,14 @@ class EraCPlan(LookupPlan):
         """:meth:`resolve_result` from one boolean per key."""
         if not self.num_keys:
             return LookupResult(0)
+        if self.single_full_attention and self.hash_ids is None:  # the probed prefix decides
+            probe = self._groups[0]
+            k = len(self.geometry.prefix_bytes[probe.group_id])
+            m = probe.chunks.size
+            answers = present[probe.key_offset : probe.key_offset + m * k]
+            chunks: BoolArray = answers.reshape(m, k).all(axis=1) if k > 1 else answers  # type: ignore[assignment]
+            run = m if chunks.all() else int(chunks.argmin())
+            return self.result_for_hit(self.prefix_hit(run))
         return era_c_result(self.geometry, self.num_tokens, self.hash_presence(present))
 
     def hash_presence(self, present: BoolArray) -> list[BoolArray]:

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._arrays import IntArray
+from .._rows import rows_repeat
 
 __all__ = ["GroupProbe", "duplicate_ids", "hex_rows"]
 
@@ -106,31 +107,10 @@ def hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
 def duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> IntArray | None:
     """Ids that are equal exactly where hashes are equal, or None when all differ."""
     if rows is not None:
-        n, width = rows.shape
-        if n < 2:
-            return None
-        if width <= 8:
-            padded = np.zeros((n, 8), dtype=np.uint8)
-            padded[:, :width] = rows
-            if not _repeats(padded.view(np.uint64).ravel()):
-                return None
-        elif width % 8 == 0 and rows.flags.c_contiguous:  # the rows' first bytes, no copy
-            # 32 bits first (sorting them costs about 60 % of 64-bit ones); a false alarm,
-            # 1 in 8 at 32K hashes, costs the 64-bit sort before the exact path below
-            if not _repeats(rows.view(np.uint32)[:, 0]) or not _repeats(
-                rows.view(np.uint64)[:, 0]
-            ):
-                return None
-        elif not _repeats(np.ascontiguousarray(rows[:, :8]).view(np.uint64).ravel()):
+        if not rows_repeat(rows):
             return None
         items = [bytes(r) for r in rows]
     if len(set(items)) == len(items):
         return None
     first: dict[bytes, int] = {}
     return np.array([first.setdefault(h, i) for i, h in enumerate(items)], dtype=np.int64)
-
-
-def _repeats(fingerprints: npt.NDArray[np.uint32] | npt.NDArray[np.uint64]) -> bool:
-    """Whether some fingerprint occurs twice (then the hashes may repeat)."""
-    ordered = np.sort(fingerprints)  # a sorted copy
-    return bool((ordered[1:] == ordered[:-1]).any())
