@@ -25,7 +25,13 @@ from aio_mclookup import (
 )
 from aio_mclookup._scheduler.channels import ThreadChannel
 from aio_mclookup._scheduler.client import HEAD_START, PLUGIN_DEFAULTS, CoalescingLookupClient
-from aio_mclookup._scheduler.config import SIDECAR_MIN_CPUS, choose_service, store_settings
+from aio_mclookup._scheduler.config import (
+    LOAD_WINDOW_STEPS,
+    SIDECAR_MIN_CPUS,
+    choose_service,
+    load_window,
+    store_settings,
+)
 
 H = 16
 
@@ -274,6 +280,35 @@ def test_the_service_is_chosen_by_the_cpus_unless_set() -> None:
     assert choose_service({})[0] in ("thread", "sidecar")  # (this process's affinity)
     with pytest.raises(InvalidRequest, match="aio_mclookup_service"):
         choose_service({"aio_mclookup_service": "process"})
+
+
+def test_the_load_window_is_steps_of_the_token_budget() -> None:
+    assert load_window({}, 4096) == int(LOAD_WINDOW_STEPS * 4096)
+    assert load_window({"aio_mclookup_load_window": 0.5}, 4096) == 2048
+    assert load_window({"aio_mclookup_load_window": 0}, 4096) == 0  # (pacing off)
+    assert load_window({"aio_mclookup_load_window": 1e-9}, 4096) == 1  # (on: at least 1)
+    for bad in (-1, "2", None, True, float("nan")):
+        with pytest.raises(InvalidRequest, match="aio_mclookup_load_window"):
+            load_window({"aio_mclookup_load_window": bad}, 4096)
+
+
+def test_answered_says_an_answer_waits_to_be_collected(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert not client.answered("r")  # (never asked)
+        assert client.lookup("r", 8 * H, hashes, non_block=True) is None
+        client.flush()
+        assert client.wait_for_answers(5.0)
+        while client.pending("r"):
+            client.wait_for_answers(0.05)
+        assert client.answered("r")
+        assert client.lookup("r", 8 * H, hashes, non_block=True)[0] == 5 * H
+        assert not client.answered("r")  # (collected)
+    finally:
+        client.close()
 
 
 def test_a_second_poll_starts_an_unflushed_lookup(stored: tuple[FakeStore, list[bytes]]) -> None:

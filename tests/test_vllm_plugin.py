@@ -28,6 +28,10 @@ BLOCK = 32  # the engines' block size (the CPU attention backend needs a multipl
 EXTRA = {"cache_prefix": "tier"}  # every key then starts "tier@": ours must build it too
 SIDECAR = {"aio_mclookup_service": "sidecar"}
 THREAD = {"aio_mclookup_service": "thread"}
+ONE_AHEAD = {"aio_mclookup_service": "thread", "aio_mclookup_load_window": 1e-6}
+"""A load window of 1 token: one request at a time handed its hit until it is scheduled."""
+OURS = ["recording_ours", "ours_thread", "ours_one_ahead"]
+OURS_IDS = ["sidecar", "thread", "one ahead"]
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -97,6 +101,7 @@ def runs(site: EngineSite) -> dict[str, Any]:
             "recording_ours",
             {"extra": {**EXTRA, **THREAD}, "log_stats": True, "exit": "plain"},
         ),
+        "ours_one_ahead": ("recording_ours", {"extra": {**EXTRA, **ONE_AHEAD}}),
     }
     for name, (module, job) in arms.items():
         out[name] = site.run(
@@ -147,7 +152,7 @@ def test_the_layout_is_read_from_vllm(runs: dict[str, Any], site: EngineSite) ->
     assert layout["vllm_version"] == "0.32.0"
 
 
-@pytest.mark.parametrize("arm", ["recording_ours", "ours_thread"], ids=["sidecar", "thread"])
+@pytest.mark.parametrize("arm", OURS, ids=OURS_IDS)
 @pytest.mark.parametrize("phase", [0, 1], ids=["sync", "async"])
 def test_lookup_results_equal_the_stock_connectors(
     runs: dict[str, Any], phase: int, arm: str
@@ -172,7 +177,7 @@ def test_lookup_results_equal_the_stock_connectors(
     assert any(boundaries), "some results carry tail-key boundaries"
 
 
-@pytest.mark.parametrize("arm", ["recording_ours", "ours_thread"], ids=["sidecar", "thread"])
+@pytest.mark.parametrize("arm", OURS, ids=OURS_IDS)
 @pytest.mark.parametrize("phase", [0, 1], ids=["sync", "async"])
 def test_greedy_outputs_after_loading_are_identical(
     runs: dict[str, Any], phase: int, arm: str
@@ -191,6 +196,18 @@ def test_async_mode_coalesces(runs: dict[str, Any], arm: str) -> None:
     phase = runs[arm]["phases"][1]
     assert phase["submitted"] >= 10
     assert 1 <= phase["rpcs"] < phase["submitted"]  # (0 would mean no service answered)
+
+
+@pytest.mark.parametrize("phase", [0, 1], ids=["sync", "async"])
+def test_load_pacing_hands_out_hits_within_its_window(runs: dict[str, Any], phase: int) -> None:
+    """With a window of one token, a step hands out at most one hit (the next waits until
+    that request is scheduled); with the default window (two steps' token budgets) a step
+    hands out many; the results are the same (above)."""
+    one = [step[1] for step in runs["ours_one_ahead"]["phases"][phase]["step_trace"]]
+    wide = [step[1] for step in runs["ours_thread"]["phases"][phase]["step_trace"]]
+    assert sum(one) == sum(wide) >= 10  # (every lookup answered, in both)
+    assert max(one) == 1 and max(wide) > 1
+    assert "hits handed out within 1 tokens of work ahead" in runs["ours_one_ahead"]["log"]
 
 
 def test_one_info_line_says_the_plugin_took_over(runs: dict[str, Any]) -> None:

@@ -3,4 +3,4 @@ import here (``aio_mclookup.vllm`` plugs it in). The data flow: ``client`` (the 
 step's lookups sent together) -> ``channels`` (a sidecar process, or a thread in-process) ->
 ``messages`` (what is said, framed) -> ``service`` (one coordinator answering them), run in
 ``sidecar`` (the child process) or on a ``loop`` thread; ``config`` says where the Mooncake
-clients connect."""
+clients connect; ``pacing`` paces the hits handed to the scheduler (the plug-in uses it)."""

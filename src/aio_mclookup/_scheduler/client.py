@@ -206,6 +206,11 @@ class CoalescingLookupClient:
             self._collect(0.0)
         return ticket not in self._answers
 
+    def answered(self, req_id: str) -> bool:
+        """Whether ``req_id``'s lookup has its answer in, not collected by :meth:`lookup`."""
+        ticket = self._tickets.get(req_id)
+        return ticket is not None and ticket in self._answers
+
     def wait_for_answers(self, timeout: float) -> bool:
         """Block (the GIL released) until an answer arrives, at most ``timeout`` seconds; at
         once if no lookup is out or an answer is in already. For a scheduler step that

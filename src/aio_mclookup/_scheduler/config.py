@@ -12,13 +12,24 @@ from typing import Any
 from .._errors import InvalidRequest
 from .._store.pool import DEFAULT_TENANT
 
-__all__ = ["SIDECAR_MIN_CPUS", "StoreSettings", "choose_service", "store_settings"]
+__all__ = [
+    "LOAD_WINDOW_STEPS",
+    "SIDECAR_MIN_CPUS",
+    "StoreSettings",
+    "choose_service",
+    "load_window",
+    "store_settings",
+]
 
 SIDECAR_MIN_CPUS = 4
 """CPUs this process may run on from which ``"auto"`` puts the lookup service in a sidecar
 process; below, on a thread of the scheduler's process (docs/vllm.md, "Sidecar or thread")."""
 
 _SERVICES = ("auto", "sidecar", "thread")
+LOAD_WINDOW_STEPS = 2.0
+"""The default of ``aio_mclookup_load_window``: hits are handed to the scheduler while the
+work handed out and not started is below this many steps' token budgets (docs/vllm.md, "Load
+pacing")."""
 
 
 @dataclass(frozen=True)
@@ -88,3 +99,19 @@ def choose_service(extra: Mapping[str, Any], cpus: int | None = None) -> tuple[s
     cpus = _usable_cpus() if cpus is None else cpus
     service = "sidecar" if cpus >= SIDECAR_MIN_CPUS else "thread"
     return service, f"auto: {cpus} CPUs, the sidecar from {SIDECAR_MIN_CPUS}"
+
+
+def load_window(extra: Mapping[str, Any], step_tokens: int) -> int:
+    """The load pacer's window in tokens: the connector's extra config
+    ``aio_mclookup_load_window`` (scheduler steps, default :data:`LOAD_WINDOW_STEPS`; ``0``
+    hands every hit out at once) times ``step_tokens``, the scheduler's token budget per step
+    (``max_num_batched_tokens``), at least 1 token. :class:`InvalidRequest` for a value that
+    is not a number >= 0."""
+    steps = extra.get("aio_mclookup_load_window", LOAD_WINDOW_STEPS)
+    if isinstance(steps, bool) or not isinstance(steps, int | float) or not steps >= 0:
+        raise InvalidRequest(
+            "kv_connector_extra_config['aio_mclookup_load_window'] must be a number of "
+            f"scheduler steps >= 0, got {steps!r}",
+            field="aio_mclookup_load_window",
+        )
+    return max(1, int(steps * max(1, step_tokens))) if steps else 0

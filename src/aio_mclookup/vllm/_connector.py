@@ -21,8 +21,9 @@ from .._layout.layout import KVLayout
 from .._observe.stats import CoordinatorStats
 from .._scheduler.channels import SidecarChannel, ThreadChannel, opening
 from .._scheduler.client import CoalescingLookupClient
-from .._scheduler.config import choose_service, store_settings
+from .._scheduler.config import choose_service, load_window, store_settings
 from .._scheduler.loop import run_once
+from .._scheduler.pacing import LoadPacer
 from .._store.mooncake import MooncakeStore
 from ._metrics import KEY, PluginPromMetrics, PluginStats, stats_record
 
@@ -166,6 +167,7 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self._coalescing: CoalescingLookupClient | None = None
+        self._pacer = LoadPacer(0)
         scheduler = self.connector_scheduler
         if role != KVConnectorRole.SCHEDULER or scheduler is None or not scheduler.enable_lookup:
             return
@@ -174,6 +176,9 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
         try:
             service, why = choose_service(extra)
+            pacer = LoadPacer(
+                load_window(extra, vllm_config.scheduler_config.max_num_batched_tokens)
+            )
             client = build_client(
                 vllm_config,
                 kv_cache_config,
@@ -193,13 +198,16 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
             )
         self._stock_client = stock
         self._coalescing = client
+        self._pacer = pacer
         scheduler.client = client
         logger.info(
             "aio-mclookup: serving the scheduler's store lookups (%s mode; asynchronous "
-            "lookups on %s [%s]; synchronous ones in the scheduler's thread); layout: %s",
+            "lookups on %s [%s]; synchronous ones in the scheduler's thread; hits handed out "
+            "%s); layout: %s",
             "async" if scheduler.lookup_async else "sync",
             "a sidecar process" if service == "sidecar" else "a thread of this process",
             why,
+            f"within {pacer.window} tokens of work ahead" if pacer.window else "at once",
             _summary(client.layout),
         )
         # At interpreter exit without an engine shutdown, close before module teardown.
@@ -214,14 +222,41 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """vLLM's, except that a request whose lookup is still pending is answered "not known
-        yet" at once (what vLLM's path would return for it, without its per-call work)."""
+        yet" at once (what vLLM's path would return for it, without its per-call work), and
+        so is one whose result the load pacer holds back (see :class:`LoadPacer`): its answer
+        is in (or, synchronous, its lookup not made yet) but the work handed out already
+        fills the window."""
         client = self._coalescing
-        if client is not None and client.pending(request.request_id):
+        if client is None:
+            result: tuple[int | None, bool] = super().get_num_new_matched_tokens(
+                request, num_computed_tokens
+            )
+            return result
+        req_id = request.request_id
+        if client.pending(req_id):
             return None, False
-        result: tuple[int | None, bool] = super().get_num_new_matched_tokens(
-            request, num_computed_tokens
-        )
+        pacer = self._pacer
+        if not pacer.admits(req_id) and (
+            client.answered(req_id) or not self.connector_scheduler.lookup_async
+        ):
+            return None, False
+        result = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        tokens = result[0]
+        if tokens is not None:
+            pacer.handed(req_id, request.num_tokens - num_computed_tokens - tokens)
         return result
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, Any]:
+        """vLLM's; the request is no longer ahead of the engine (see :class:`LoadPacer`)."""
+        self._pacer.started((request.request_id,))
+        done: tuple[bool, Any] = super().request_finished(request, block_ids)
+        return done
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, Any]:
+        """As :meth:`request_finished` (vLLM calls this one for several KV-cache groups)."""
+        self._pacer.started((request.request_id,))
+        done: tuple[bool, Any] = super().request_finished_all_groups(request, block_ids)
+        return done
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         """vLLM's, after starting the lookups this step submitted (together: they share
@@ -230,6 +265,7 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         (KV loads are under way, and their thread needs the GIL)."""
         client = self._coalescing
         if client is not None:
+            self._pacer.started(scheduler_output.num_scheduled_tokens)  # (request ids)
             client.flush()
             idle = not scheduler_output.total_num_scheduled_tokens
             if idle and not client.wait_for_answers(_IDLE_WAIT):
