@@ -1,8 +1,10 @@
 """Comparisons of hash rows (2-D uint8 arrays, one hash per row): the leading rows two arrays
 share (the known prefixes' test), and whether any row repeats (a plan's repeated hashes).
 
-The compiled twin ``_rows_c`` (C loops, no temporary arrays) runs when it was built; these
-numpy versions are the reference and the fallback (:mod:`._native`)."""
+:func:`common_rows` has a compiled twin, ``_rows_c`` (a ``memcmp`` per row, no temporary
+arrays), which runs when it was built; the numpy code is the reference and the fallback
+(:mod:`._native`). :func:`rows_repeat` has none: numpy's vectorised sort of fingerprints beat
+a C hash-table pass (docs/design.md, "Compiled extensions")."""
 
 from __future__ import annotations
 
@@ -43,8 +45,6 @@ def common_rows(
 
 def rows_repeat(rows: npt.NDArray[np.uint8]) -> bool:
     """Whether two of ``rows`` are equal."""
-    if _C is not None:
-        return bool(_C.rows_repeat(rows))
     n: int = rows.shape[0]
     width: int = rows.shape[1]
     if n < 2:
