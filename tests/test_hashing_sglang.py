@@ -13,7 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aio_mclookup import InvalidRequest
+from aio_mclookup._hashing import sglang
 from aio_mclookup._hashing.sglang import namespace_seed, page_hashes, token_ids_q
+
+COMPILED = sglang._C
+"""The compiled chain this process loaded (None: not built, or pure Python asked for)."""
 
 
 def reference(tokens: list[int], page: int, eagle: bool, seed: bytes | None) -> list[bytes]:
@@ -56,9 +60,38 @@ def test_the_chain_matches_the_rule(
 ) -> None:
     seed = hashlib.sha256(b"s").digest() if seeded else None
     want = reference(tokens, page, eagle, seed)
-    assert hashes(tokens, page, eagle, seed=seed) == want
-    assert hashes(np.array(tokens, dtype=np.uint64), page, eagle, seed=seed) == want
-    assert hashes(tuple(tokens), page, eagle, seed=seed) == want
+    try:  # both paths, the compiled chain and the Python loop (when the first was built)
+        for twin in {COMPILED, None}:
+            sglang._C = twin
+            assert hashes(tokens, page, eagle, seed=seed) == want
+            assert hashes(np.array(tokens, dtype=np.uint64), page, eagle, seed=seed) == want
+            assert hashes(tuple(tokens), page, eagle, seed=seed) == want
+    finally:
+        sglang._C = COMPILED
+
+
+@pytest.mark.skipif(COMPILED is None, reason="the C extension is not loaded")
+def test_the_compiled_chain_refuses_what_it_cannot_take() -> None:
+    assert COMPILED.pages(b"", b"abcdefgh", 4) == reference_bodies([b"abcd", b"efgh"], None)
+    assert COMPILED.page_list(b"s" * 32, [b"ab", b"cde"]) == reference_bodies(
+        [b"ab", b"cde"], b"s" * 32
+    )
+    with pytest.raises(ValueError, match="whole number of pages"):
+        COMPILED.pages(b"", b"abcde", 4)
+    with pytest.raises(ValueError, match="seed must be empty or 32 bytes"):
+        COMPILED.pages(b"short", b"abcd", 4)
+    with pytest.raises(ValueError, match="width must be >= 1"):
+        COMPILED.pages(b"", b"abcd", 0)
+    with pytest.raises(TypeError, match="sequence of bytes"):
+        COMPILED.page_list(b"", [b"ab", "cd"])
+
+
+def reference_bodies(bodies: list[bytes], seed: bytes | None) -> list[bytes]:
+    prior, out = seed or b"", []
+    for body in bodies:
+        prior = hashlib.sha256(prior + body).digest()
+        out.append(prior)
+    return out
 
 
 def test_known_digest_and_prefix_stability() -> None:

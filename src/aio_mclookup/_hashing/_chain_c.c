@@ -1,5 +1,6 @@
 /* The SHA-256 block chain of BlockHasher in one C loop (the compiled twin of the chain in
- * _hasher.py and the payload layout in _payload.py; docs/design.md, "Compiled extensions").
+ * _hasher.py and the payload layout in _payload.py; docs/design.md, "Compiled extensions"),
+ * and SGLang's page chain (below).
  *
  * Block i's hash is SHA-256(payload_i), payload_i = head + parent + body_i, parent being block
  * i-1's hash (the caller's start digest for block 0). The payload is vLLM's serialisation of
@@ -13,8 +14,19 @@
  *   bodies(parent, bodies, cbor) -> bytearray
  *       blocks whose bodies the Python code built (extra keys): only the chain is done here.
  *
- * Both return the digests of every block, concatenated (n_blocks * 32 bytes). SHA-256 is
- * OpenSSL's libcrypto (its SHA256_* functions, the ones with the CPU's SHA instructions).
+ * Both return the digests of every block, concatenated (n_blocks * 32 bytes).
+ *
+ * SGLang HiCache's page chain (the twin of _chain in sglang.py): page i's digest is
+ * SHA-256(prior + body_i), the prior being page i-1's digest (the namespace seed, or nothing,
+ * for page 0); the caller packs the bodies.
+ *
+ *   pages(seed, bodies, width) -> list[bytes]
+ *       pages of `width` bytes back to back in one buffer (the usual case: every page narrow).
+ *   page_list(seed, bodies) -> list[bytes]
+ *       a sequence of bodies of any lengths (0.5.23's wide pages among narrow ones).
+ *
+ * SHA-256 is OpenSSL's libcrypto (its SHA256_* functions, the ones with the CPU's SHA
+ * instructions).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -252,6 +264,141 @@ bodies(PyObject *self, PyObject *args)
     return result;
 }
 
+/* SGLang's page chain: digest_i = SHA-256(prior + body_i), prior the previous digest (the seed,
+ * possibly empty, for page 0). `bodies` holds `n` bodies of `width` bytes each, back to back;
+ * the digests go to `out` (n * WIDTH bytes). */
+static void
+chain_pages(const uint8_t *seed, size_t seed_len, const uint8_t *bodies, Py_ssize_t n,
+            size_t width, uint8_t *out)
+{
+    const uint8_t *prior = seed;
+    size_t prior_len = seed_len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        SHA256_CTX ctx;
+        SHA256_Init(&ctx);
+        if (prior_len) SHA256_Update(&ctx, prior, prior_len);
+        SHA256_Update(&ctx, bodies + (size_t)i * width, width);
+        SHA256_Final(out + i * WIDTH, &ctx);
+        prior = out + i * WIDTH;
+        prior_len = WIDTH;
+    }
+}
+
+/* The seed argument: b"" (no seed) or WIDTH bytes; 0 on success. */
+static int
+parse_seed(PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) return -1;
+    if (view->len != 0 && view->len != WIDTH) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "seed must be empty or %d bytes", WIDTH);
+        return -1;
+    }
+    return 0;
+}
+
+/* The digests in `out` as a list of n bytes objects. */
+static PyObject *
+digest_list(const uint8_t *out, Py_ssize_t n)
+{
+    PyObject *list = PyList_New(n);
+    if (list == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *digest = PyBytes_FromStringAndSize((const char *)out + i * WIDTH, WIDTH);
+        if (digest == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, digest);
+    }
+    return list;
+}
+
+static PyObject *
+pages(PyObject *self, PyObject *args)
+{
+    PyObject *seed_obj, *bodies_obj;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "OOn:pages", &seed_obj, &bodies_obj, &width)) return NULL;
+    if (width < 1) {
+        PyErr_SetString(PyExc_ValueError, "width must be >= 1");
+        return NULL;
+    }
+    Py_buffer seed, bodies;
+    if (parse_seed(seed_obj, &seed) < 0) return NULL;
+    if (PyObject_GetBuffer(bodies_obj, &bodies, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&seed);
+        return NULL;
+    }
+    if (bodies.len % width) {
+        PyBuffer_Release(&seed);
+        PyBuffer_Release(&bodies);
+        PyErr_SetString(PyExc_ValueError, "bodies is not a whole number of pages");
+        return NULL;
+    }
+    Py_ssize_t n = bodies.len / width;
+    uint8_t *out = PyMem_RawMalloc((size_t)(n ? n : 1) * WIDTH);
+    PyObject *result = NULL;
+    if (out == NULL) {
+        PyErr_NoMemory();
+    } else {
+        if (n >= NOGIL_BLOCKS) {
+            Py_BEGIN_ALLOW_THREADS
+            chain_pages(seed.buf, (size_t)seed.len, bodies.buf, n, (size_t)width, out);
+            Py_END_ALLOW_THREADS
+        } else {
+            chain_pages(seed.buf, (size_t)seed.len, bodies.buf, n, (size_t)width, out);
+        }
+        result = digest_list(out, n);
+        PyMem_RawFree(out);
+    }
+    PyBuffer_Release(&seed);
+    PyBuffer_Release(&bodies);
+    return result;
+}
+
+static PyObject *
+page_list(PyObject *self, PyObject *args)
+{
+    PyObject *seed_obj, *seq_obj;
+    if (!PyArg_ParseTuple(args, "OO:page_list", &seed_obj, &seq_obj)) return NULL;
+    Py_buffer seed;
+    if (parse_seed(seed_obj, &seed) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(seq_obj, "bodies must be a sequence of bytes");
+    if (seq == NULL) {
+        PyBuffer_Release(&seed);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = PyList_New(n);
+    uint8_t prior[WIDTH];
+    size_t prior_len = (size_t)seed.len;
+    memcpy(prior, seed.buf, prior_len);
+    PyBuffer_Release(&seed);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBytes_Check(item)) {
+            Py_CLEAR(result);
+            PyErr_SetString(PyExc_TypeError, "bodies must be a sequence of bytes");
+            break;
+        }
+        SHA256_CTX ctx;
+        SHA256_Init(&ctx);
+        if (prior_len) SHA256_Update(&ctx, prior, prior_len);
+        SHA256_Update(&ctx, PyBytes_AS_STRING(item), (size_t)PyBytes_GET_SIZE(item));
+        SHA256_Final(prior, &ctx);
+        prior_len = WIDTH;
+        PyObject *digest = PyBytes_FromStringAndSize((const char *)prior, WIDTH);
+        if (digest == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, digest);
+    }
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"plain", plain, METH_VARARGS,
      "plain(tokens, block_size, cbor, parent): the digests of the full blocks without extra "
@@ -259,13 +406,19 @@ static PyMethodDef methods[] = {
     {"bodies", bodies, METH_VARARGS,
      "bodies(parent, bodies, cbor): the digests of blocks with these payload bodies, "
      "concatenated (a bytearray)."},
+    {"pages", pages, METH_VARARGS,
+     "pages(seed, bodies, width): SGLang's page chain over the pages of `width` bytes in the "
+     "buffer `bodies` (seed: b'' or 32 bytes); a list of 32-byte digests."},
+    {"page_list", page_list, METH_VARARGS,
+     "page_list(seed, bodies): SGLang's page chain over a sequence of page bodies (bytes); a "
+     "list of 32-byte digests."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "aio_mclookup._hashing._chain_c",
-    "The SHA-256 block chain in one C loop (see _chain_c.c).", -1, methods, NULL, NULL, NULL,
-    NULL,
+    "The SHA-256 chains of vLLM's block hashes and SGLang's page hashes in C loops (see "
+    "_chain_c.c).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

@@ -4,8 +4,8 @@ Page ``i``'s digest is ``SHA-256(prior ‖ body)``: the prior is the previous pa
 raw bytes), and for page 0 the namespace seed or nothing. A body is the page's ids as uint32
 little-endian; under EAGLE a page is ``page_size`` bigrams ``(t_j, t_{j+1})``, both ids each.
 From 0.5.23 a page reading an id above 2**32 - 1 is *wide*: ``0xff`` then the same ids as
-uint64. Ids are packed for every page at once (numpy); the chain then costs one hashlib call
-per page.
+uint64. Ids are packed for every page at once (numpy); the chain is then one C loop (the
+compiled twin in ``_chain_c.c``) or, in pure Python, one hashlib call per page.
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import _native
 from .._errors import InvalidRequest
 from ._inputs import MAX_TOKENS, token_list
 
 __all__ = ["namespace_seed", "page_hashes", "token_ids_q"]
 
+_C: Any = _native.load("aio_mclookup._hashing._chain_c")
+"""The compiled chains (``_chain_c.c``), or ``None``: the Python loop of :func:`_chain`."""
 _NAMESPACE_TAG = b"sglang-cache-namespace-v1"
 _WIDE_TAG = b"\xff"
 _U32_MAX = (1 << 32) - 1
@@ -167,6 +170,10 @@ def page_hashes(
         ids[:, 1] = read[1 : units + 1]
     else:
         ids = read
+    if wide_pages is None and _C is not None:  # (every page narrow: one buffer, one C loop)
+        rows = np.ascontiguousarray(ids.astype("<u4", copy=False))
+        digests: list[bytes] = _C.pages(seed or b"", rows, rows.size // pages * 4)
+        return digests
     narrow = _page_bodies(ids.astype("<u4", copy=False), pages, 4)
     if wide_pages is None:
         return _chain(narrow, seed)
@@ -186,7 +193,11 @@ def _page_bodies(ids: npt.NDArray[Any], pages: int, itemsize: int) -> list[bytes
 
 
 def _chain(bodies: list[bytes], seed: bytes | None) -> list[bytes]:
-    """The digests of the chain over the page bodies: one hashlib call per page."""
+    """The digests of the chain over the page bodies: one C loop, or one hashlib call per
+    page."""
+    if _C is not None:
+        digests: list[bytes] = _C.page_list(seed or b"", bodies)
+        return digests
     sha256 = _SMALL_SHA256 if len(bodies[0]) <= _SMALL_BODY else hashlib.sha256
     digest = seed or b""
     out: list[bytes] = []
