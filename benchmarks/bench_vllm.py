@@ -35,11 +35,16 @@ except ImportError:
 
 from vllm_engine.harness import engine_site, vllm_python
 
+UNPACED = "ours, thread, unpaced"
+UNPACED_NOTE = (
+    " (*unpaced*: `aio_mclookup_load_window: 0`, every hit handed to the scheduler as soon as "
+    "it is in: the plug-in without its load pacing)"
+)
 ARMS: dict[str, dict[str, Any]] = {
     "stock": {"module": "recording_stock", "extra": {}},
     "ours, thread": {"module": "recording_ours", "extra": {"aio_mclookup_service": "thread"}},
     "ours, sidecar": {"module": "recording_ours", "extra": {"aio_mclookup_service": "sidecar"}},
-    "ours, thread, unpaced": {
+    UNPACED: {
         "module": "recording_ours",
         "extra": {"aio_mclookup_service": "thread", "aio_mclookup_load_window": 0},
     },
@@ -202,8 +207,7 @@ def _render(
         f"vLLM itself saved {args.docs} system prompts of {args.doc_tokens} tokens; each burst is "
         f"{args.requests} prompts (a stored system prompt + {args.suffix_tokens} tokens of their "
         "own) submitted at once to an engine in kv_consumer role, greedy. Arms: "
-        f"{'; '.join(args.arms)} (*unpaced*: `aio_mclookup_load_window: 0`, every hit handed "
-        f"to the scheduler as soon as it is in, the plug-in before its load pacing); "
+        f"{'; '.join(args.arms)}{UNPACED_NOTE if UNPACED in args.arms else ''}; "
         f"{args.reps} rounds, a fresh engine per arm and round, the "
         "arms alternating within each round; each engine ran one burst per mode and "
         "`max_tokens`. Cells are medians over the rounds (min-max). Hits identical to the stock "
