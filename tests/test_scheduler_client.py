@@ -287,7 +287,8 @@ def test_the_load_window_is_steps_of_the_token_budget() -> None:
     assert load_window({"aio_mclookup_load_window": 0.5}, 4096) == 2048
     assert load_window({"aio_mclookup_load_window": 0}, 4096) == 0  # (pacing off)
     assert load_window({"aio_mclookup_load_window": 1e-9}, 4096) == 1  # (on: at least 1)
-    for bad in (-1, "2", None, True, float("nan")):
+    assert load_window({"aio_mclookup_load_window": 1e6}, 4096) == 4096 * 10**6
+    for bad in (-1, "2", None, True, float("nan"), float("inf"), 1e300):
         with pytest.raises(InvalidRequest, match="aio_mclookup_load_window"):
             load_window({"aio_mclookup_load_window": bad}, 4096)
 

@@ -30,6 +30,8 @@ LOAD_WINDOW_STEPS = 2.0
 """The default of ``aio_mclookup_load_window``: hits are handed to the scheduler while the
 work handed out and not started is below this many steps' token budgets (docs/vllm.md, "Load
 pacing")."""
+_MAX_WINDOW_STEPS = 1_000_000
+"""The largest ``aio_mclookup_load_window`` taken (a finite number of steps)."""
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,16 @@ def load_window(extra: Mapping[str, Any], step_tokens: int) -> int:
     ``aio_mclookup_load_window`` (scheduler steps, default :data:`LOAD_WINDOW_STEPS`; ``0``
     hands every hit out at once) times ``step_tokens``, the scheduler's token budget per step
     (``max_num_batched_tokens``), at least 1 token. :class:`InvalidRequest` for a value that
-    is not a number >= 0."""
+    is not a number from 0 to :data:`_MAX_WINDOW_STEPS`."""
     steps = extra.get("aio_mclookup_load_window", LOAD_WINDOW_STEPS)
-    if isinstance(steps, bool) or not isinstance(steps, int | float) or not steps >= 0:
+    if (
+        isinstance(steps, bool)
+        or not isinstance(steps, int | float)
+        or not 0 <= steps <= _MAX_WINDOW_STEPS
+    ):
         raise InvalidRequest(
             "kv_connector_extra_config['aio_mclookup_load_window'] must be a number of "
-            f"scheduler steps >= 0, got {steps!r}",
+            f"scheduler steps from 0 to {_MAX_WINDOW_STEPS:,}, got {steps!r}",
             field="aio_mclookup_load_window",
         )
     return max(1, int(steps * max(1, step_tokens))) if steps else 0
