@@ -312,6 +312,56 @@ def test_answered_says_an_answer_waits_to_be_collected(
         client.close()
 
 
+def _answer_in(client: CoalescingLookupClient, req_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while not client.answered(req_id):
+        assert time.monotonic() < deadline, "no answer within 10 s"
+        client.wait_for_answers(0.05)
+
+
+def test_refresh_asks_again_what_was_held_and_keeps_the_old_answer_meanwhile(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert client.lookup("r", 8 * H, hashes, non_block=True) is None
+        client.flush()
+        _answer_in(client, "r")
+        assert client.refresh(60.0) == 0  # (not that old)
+        store.add(_layout().plan(8 * H, hashes[:7]).keys)  # the store changes meanwhile
+        assert client.refresh(0.0) == 1  # asked again at the next flush
+        assert client.answered("r") and not client.pending("r")  # (the old answer stays)
+        client.flush()
+        deadline = time.monotonic() + 10
+        while client._answered_at.get(client._tickets["r"]) is None:  # the new one is in
+            assert time.monotonic() < deadline, "no refreshed answer within 10 s"
+            client.wait_for_answers(0.05)
+        assert client.lookup("r", 8 * H, hashes, non_block=True)[0] == 7 * H  # the fresh one
+        assert not client.answered("r") and client.refresh(0.0) == 0
+    finally:
+        client.close()
+
+
+def test_an_answer_collected_while_its_refresh_is_out_cancels_it(
+    stored: tuple[FakeStore, list[bytes]],
+) -> None:
+    store, hashes = stored
+    client = _client(store)
+    try:
+        assert client.lookup("r", 8 * H, hashes, non_block=True) is None
+        client.flush()
+        _answer_in(client, "r")
+        assert client.refresh(0.0) == 1
+        assert client.lookup("r", 8 * H, hashes, non_block=True)[0] == 5 * H  # the old one
+        assert client._unsent == [] and client._asked == {}  # (the refresh was dropped)
+        client.flush()
+        client.wait_for_answers(0.1)
+        assert not client.answered("r") and client._answers == {}
+    finally:
+        client.close()
+
+
 def test_a_second_poll_starts_an_unflushed_lookup(stored: tuple[FakeStore, list[bytes]]) -> None:
     store, hashes = stored
     client = _client(store)

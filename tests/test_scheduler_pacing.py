@@ -57,24 +57,3 @@ def test_full_says_the_window_is_filled() -> None:
     off = LoadPacer(0)
     off.handed("a", 10**6)
     assert not off.full  # (no window: never full)
-
-
-def test_a_result_held_too_long_is_asked_again_once_per_hold() -> None:
-    pacer = LoadPacer(10, max_hold=2.0)
-    pacer.handed("first", 10)  # (the window is full)
-    assert not pacer.held("r", 100.0)  # held from 100.0 on
-    assert not pacer.held("r", 101.5)
-    assert pacer.held("r", 102.5)  # past 2 s: ask again, the hold starts afresh
-    assert not pacer.held("r", 102.6)
-    assert not pacer.held("r", 104.5)
-    assert pacer.held("r", 104.7)
-
-
-def test_handing_or_starting_ends_a_hold() -> None:
-    pacer = LoadPacer(10, max_hold=1.0)
-    pacer.held("r", 0.0)
-    pacer.handed("r", 1)
-    assert not pacer.held("r", 5.0)  # (a new hold: the old one ended when it was handed)
-    pacer.started(["r"])
-    assert not pacer.held("r", 9.0)
-    assert pacer.held("r", 10.5)

@@ -124,6 +124,9 @@ class CoalescingLookupClient:
         self._unsent: list[_Unsent] = []
         self._discarded: list[int] = []  # sent tickets to cancel, with the next submission
         self._sent: dict[int, float] = {}  # sent tickets not answered -> when they give up
+        self._asked: dict[int, _Unsent] = {}  # tickets not collected yet -> what they ask
+        self._answered_at: dict[int, float] = {}  # answered, not collected: since when (in
+        # that order)
         self._next_ticket = 0
         self._polled = False  # answers taken in by a poll since the last flush
         self._latest_stats: CoordinatorStats | None = None  # the last Stats the service sent
@@ -175,7 +178,9 @@ class CoalescingLookupClient:
                 return self._make_result(0, ())
             ticket = self._next_ticket = self._next_ticket + 1
             self._tickets[req_id] = ticket
-            self._unsent.append((ticket, num_tokens, hashes, width))
+            asked = (ticket, num_tokens, hashes, width)
+            self._asked[ticket] = asked
+            self._unsent.append(asked)
             if non_block:
                 return None
         if ticket not in self._answers:
@@ -187,6 +192,7 @@ class CoalescingLookupClient:
             self._answers.setdefault(ticket, "no answer from the lookup service")
         del self._tickets[req_id]
         outcome = self._answers.pop(ticket)
+        self._forget(ticket)
         if isinstance(outcome, str):  # vLLM's contract: log, then a hit of 0
             logger.error("aio-mclookup lookup failed for %s: %s", req_id, outcome)
             return self._make_result(0, ())
@@ -319,9 +325,12 @@ class CoalescingLookupClient:
                     self._latest_stats, self._stats_out = reply.stats, False
                 others.append(reply)
                 continue
+            now = time.monotonic()
             for ticket, hit, detail in reply.outcomes:
                 if self._sent.pop(ticket, None) is not None:
                     self._answers[ticket] = detail if hit is None else (hit, detail)  # type: ignore[assignment]
+                    self._answered_at.pop(ticket, None)  # (a refreshed answer: now the newest)
+                    self._answered_at[ticket] = now
         return others
 
     def _request(self, request: Reset | StatsRequest, reply_type: type[_R]) -> _R:
@@ -378,9 +387,37 @@ class CoalescingLookupClient:
         if ticket is None:
             return
         self._answers.pop(ticket, None)
+        self._forget(ticket)
+
+    def _forget(self, ticket: int) -> None:
+        """A ticket's answer was collected, or its lookup is no longer wanted: cancel it
+        wherever it still is (unsent, out, or out again to refresh its answer)."""
+        self._asked.pop(ticket, None)
+        self._answered_at.pop(ticket, None)
         if any(unsent[0] == ticket for unsent in self._unsent):
             self._unsent = [unsent for unsent in self._unsent if unsent[0] != ticket]
         self._forget_sent(ticket)
+
+    def refresh(self, max_age: float) -> int:
+        """Ask again, at the next :meth:`flush`, the lookups whose answers came in more than
+        ``max_age`` seconds ago and are not collected yet (the caller held them back); until
+        the new answer is in, the old one stays and is what :meth:`lookup` returns. Returns
+        how many were asked again."""
+        answered_at = self._answered_at
+        if not answered_at:
+            return 0
+        oldest = time.monotonic() - max_age
+        due = []
+        for ticket, since in answered_at.items():  # (oldest first)
+            if since > oldest:
+                break
+            due.append(ticket)
+        for ticket in due:
+            del answered_at[ticket]  # (back in when the new answer comes)
+            outcome = self._answers.get(ticket)
+            if isinstance(outcome, tuple):  # (a failure is not asked again)
+                self._unsent.append(self._asked[ticket])
+        return len(due)
 
     def reset(self) -> bool:
         """Wipe the store (vLLM's own reset, on its worker) and start a fresh coordinator."""
@@ -403,6 +440,8 @@ class CoalescingLookupClient:
         self._closed = True
         self._tickets.clear()
         self._answers.clear()
+        self._asked.clear()
+        self._answered_at.clear()
         self._unsent.clear()
         self._sent.clear()
         self._discarded.clear()

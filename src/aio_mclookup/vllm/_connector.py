@@ -23,7 +23,7 @@ from .._scheduler.channels import SidecarChannel, ThreadChannel, opening
 from .._scheduler.client import CoalescingLookupClient
 from .._scheduler.config import choose_service, load_window, store_settings
 from .._scheduler.loop import run_once
-from .._scheduler.pacing import LoadPacer
+from .._scheduler.pacing import MAX_HOLD, LoadPacer
 from .._store.mooncake import MooncakeStore
 from ._metrics import KEY, PluginPromMetrics, PluginStats, stats_record
 
@@ -236,14 +236,10 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
         if client.pending(req_id):
             return None, False
         pacer = self._pacer
-        if not pacer.admits(req_id):
-            if client.answered(req_id):
-                if pacer.held(req_id, time.monotonic()):  # held too long: ask the store again
-                    client.discard(req_id)
-                    client.lookup(req_id, request.num_tokens, request.block_hashes, non_block=True)
-                return None, False
-            if not self.connector_scheduler.lookup_async:
-                return None, False
+        if not pacer.admits(req_id) and (
+            client.answered(req_id) or not self.connector_scheduler.lookup_async
+        ):
+            return None, False
         result = super().get_num_new_matched_tokens(request, num_computed_tokens)
         tokens = result[0]
         if tokens is not None:
@@ -264,13 +260,16 @@ class MooncakeStoreConnector(_StockConnector):  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         """vLLM's, after starting the lookups this step submitted (together: they share
-        RPCs). A step that scheduled nothing then waits instead of returning to spin (the
-        engine has nothing to run): up to 5 ms for an answer while lookups are out and the
-        load window has room, else 2 ms (KV loads are under way, and their thread needs the
-        GIL)."""
+        RPCs), and again those whose answers the load pacer has held back for
+        :data:`MAX_HOLD`. A step that scheduled nothing then waits instead of returning to
+        spin (the engine has nothing to run): up to 5 ms for an answer while lookups are out
+        and the load window has room, else 2 ms (KV loads are under way, and their thread
+        needs the GIL)."""
         client = self._coalescing
         if client is not None:
             self._pacer.started(scheduler_output.num_scheduled_tokens)  # (request ids)
+            if self._pacer.window:
+                client.refresh(MAX_HOLD)  # (answers held back this long: asked again)
             client.flush()
             if not scheduler_output.total_num_scheduled_tokens and (
                 self._pacer.full or not client.wait_for_answers(_IDLE_WAIT)
