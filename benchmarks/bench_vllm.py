@@ -250,11 +250,15 @@ def _render(
                 if arm == "stock":
                     continue
                 ours = cells[(arm, name)]
+                ours_rpcs = _med([x["rpcs"] for x in ours])
+                rpcs = (
+                    f"RPCs {stock_rpcs / max(1, ours_rpcs):.0f}x fewer"
+                    if ours_rpcs < stock_rpcs
+                    else f"RPCs as many ({ours_rpcs:.0f})"
+                )
                 parts.append(
                     f"{arm}: wall {_ratio(ours, stock, 'wall')}, TTFT p99 "
-                    f"{_ratio(ours, stock, 'ttft_p99')}, RPCs "
-                    f"{stock_rpcs / max(1, _med([x['rpcs'] for x in ours])):.0f}"
-                    "x fewer"
+                    f"{_ratio(ours, stock, 'ttft_p99')}, {rpcs}"
                 )
             lines.append(f"- {name} (ours / stock, medians): " + "; ".join(parts) + ".")
     return "\n".join(lines)
