@@ -172,7 +172,8 @@ async def test_a_timed_out_waiter_leaves_the_line_and_the_next_goes_on() -> None
         with pytest.raises(mcl.LookupTimeout):
             await impatient
         assert await first == 0 and await patient == 0
-        assert not coord._waiters and coord._reserved == [0, 0]
+        admission = coord._admission
+        assert not coord._waiters and admission.reserved_lookups == admission.reserved_keys == 0
 
 
 MISUSES: list[tuple[str, Callable[[LookupCoordinator], Awaitable[object]]]] = [

@@ -7,6 +7,8 @@ One ``await coordinator.lookup(...)``, as in the asyncio shell: plan (in the cal
 (arrival order, or :class:`Overloaded`), the core begins it, the dispatcher task sends queued
 keys while RPC slots are free, answers go back to the core, settled lookups wake their callers.
 The lookup's deadline is a cancel scope around its waits; at the deadline the core fails it.
+Admission's bookkeeping and the master epochs are the asyncio shell's own (:mod:`.admission`,
+:mod:`.epochs`).
 
 The task group (the dispatcher, RPC tasks of an awaited store, retry timers) lives from
 ``async with coordinator`` to its end, in the task that entered it: under trio a coordinator
@@ -28,11 +30,14 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .._errors import ClosedError, Error, LookupTimeout, Overloaded, error_label
+from .._errors import ClosedError, Error, LookupTimeout, error_label
 from .._observe.stats import CoordinatorStats
 from .._plan.plan import LookupPlan
-from .._store.protocol import Answer, CallbackStore, Key, Store
+from .._store.protocol import CallbackStore, Store
+from .admission import Admission
 from .core import CoordinatorCore, LookupState
+from .driving import CoreDriver
+from .epochs import EpochGuard
 
 __all__ = ["AnyioShell"]
 
@@ -51,19 +56,22 @@ class _Ticket:
         self.error: BaseException | None = None
 
 
-class AnyioShell:
+class AnyioShell(CoreDriver):
     """Drive ``core`` for one :class:`~aio_mclookup.LookupCoordinator` under anyio (see the
     module doc): :meth:`start` and :meth:`aclose` in the task that enters the coordinator,
-    :meth:`lookup` from any task."""
+    :meth:`lookup` from any task; ``epochs`` is the coordinator's."""
 
-    def __init__(self, core: CoordinatorCore, stats: CoordinatorStats, store: Store) -> None:
+    def __init__(
+        self, core: CoordinatorCore, stats: CoordinatorStats, store: Store, epochs: EpochGuard
+    ) -> None:
         self._core = core
         self._stats = stats
         self._store = store
+        self._epochs = epochs
         self._submit: Any = store.batch_is_exist_then if isinstance(store, CallbackStore) else None
         self._calls_in_flight = 0  # RPCs through a CallbackStore, answer still to come
         self._waiters: collections.deque[_Ticket] = collections.deque()
-        self._reserved = [0, 0]  # lookups, keys: admitted waiters not yet registered
+        self._admission = Admission(core)
         self._wake_event = anyio.Event()
         self._group: anyio.abc.TaskGroup | None = None
         self._scopes: set[anyio.CancelScope] = set()  # one per running task of the group
@@ -124,10 +132,11 @@ class AnyioShell:
         if self._closed:
             raise ClosedError("the coordinator is closed")
         core = self._core
+        if self._epochs.check():
+            self._deliver()
         stats = self._stats
         started = time.perf_counter()
-        stats.keys_planned_total += plan.num_keys
-        stats.requested_tokens_total += max(plan.token_len, 0)
+        stats.lookup_planned(plan.num_keys, plan.token_len)
         if not plan.num_keys:
             empty = core.begin(plan, time.monotonic())  # (settles at once: vLLM's 0)
             core.finish(empty)
@@ -137,10 +146,9 @@ class AnyioShell:
         deadline = math.inf if limit is None else anyio.current_time() + limit
         lookup: LookupState | None = None
         try:
-            if self._waiters or not self._has_room(plan.num_keys):
+            if self._waiters or not self._admission.has_room(plan.num_keys):
                 await self._admit(plan.num_keys, deadline, limit)
-                self._reserved[0] -= 1
-                self._reserved[1] -= plan.num_keys
+                self._admission.release(plan.num_keys)
                 if self._closed:  # (admitted, then closed before it ran)
                     raise ClosedError("the coordinator was closed")
             settled = anyio.Event()
@@ -158,9 +166,7 @@ class AnyioShell:
             stats.lookups_cancelled_total += 1
             raise
         except Error as exc:
-            stats.lookups_total += 1
-            stats.lookups_failed_total += 1
-            stats.count_error(error_label(exc))
+            stats.lookup_failed(error_label(exc))
             raise
         finally:
             if lookup is not None:
@@ -168,9 +174,7 @@ class AnyioShell:
                 self._after()
             if self._waiters:
                 self._admit_next()
-        stats.lookups_total += 1
-        stats.hit_tokens_total += lookup.state.hit or 0
-        stats.lookup_seconds.observe(time.perf_counter() - started)
+        stats.lookup_done(lookup.state.hit or 0, time.perf_counter() - started)
         return lookup
 
     def _deliver(self) -> None:
@@ -184,42 +188,17 @@ class AnyioShell:
             if lookup.waiter is not None:
                 lookup.waiter.set()
 
-    def _after(self) -> None:
-        """After the core ran: wake settled callers, send the whole RPCs queued (if slots are
-        free), and wake the dispatcher for the rest."""
-        self._deliver()
-        core = self._core
-        if core.fresh_keys:
-            core.fresh_keys = False
-            self._send_whole_rpcs()
-            self._wake_event.set()
+    def _wake_dispatcher(self) -> None:
+        self._wake_event.set()
 
     # ------------------------------------------------------------------------- admission
-    def _has_room(self, num_keys: int) -> bool:
-        core = self._core
-        pending = len(core.lookups) + self._reserved[0]
-        if not pending:
-            return True  # one lookup always fits, however large
-        options = core.options
-        return (
-            pending < options.max_pending_lookups
-            and self._pending_keys() + num_keys <= options.max_pending_keys
-        )
-
-    def _pending_keys(self) -> int:
-        return self._core.pending_keys + self._reserved[1]
-
     async def _admit(self, num_keys: int, deadline: float, limit: float | None) -> None:
         """Wait for room in arrival order until ``deadline`` (only the first in line is
         woken, when it fits), or raise :class:`Overloaded` after one checkpoint."""
-        options = self._core.options
-        if options.when_full == "raise" or len(self._waiters) >= options.max_waiting_lookups:
+        refusal = self._admission.refusal(len(self._waiters))
+        if refusal is not None:
             await anyio.lowlevel.checkpoint()
-            raise Overloaded(
-                f"{len(self._core.lookups)} lookups / {self._pending_keys()} keys pending "
-                f"(max {options.max_pending_lookups} / {options.max_pending_keys}), "
-                f"{len(self._waiters)} waiting"
-            )
+            raise refusal
         ticket = _Ticket(num_keys)
         self._waiters.append(ticket)
         if len(self._waiters) == 1:
@@ -233,8 +212,7 @@ class AnyioShell:
                 raise LookupTimeout(f"lookup did not finish within {limit} s")
         except BaseException:
             if ticket.admitted:
-                self._reserved[0] -= 1  # admitted, then gave up before it ran
-                self._reserved[1] -= num_keys
+                self._admission.release(num_keys)  # admitted, then gave up before it ran
             elif ticket in self._waiters:  # gave up waiting (timeout, cancel)
                 self._waiters.remove(ticket)
             self._admit_next()
@@ -245,11 +223,10 @@ class AnyioShell:
         waiters = self._waiters
         while waiters:
             ticket = waiters[0]
-            if not self._has_room(ticket.num_keys):
+            if not self._admission.has_room(ticket.num_keys):
                 return
             waiters.popleft()
-            self._reserved[0] += 1
-            self._reserved[1] += ticket.num_keys
+            self._admission.reserve(ticket.num_keys)
             ticket.admitted = True
             ticket.event.set()
 
@@ -270,20 +247,14 @@ class AnyioShell:
         await anyio.sleep(delay)
         self._wake_event.set()
 
-    def _send_whole_rpcs(self) -> None:
-        """Send whole RPCs now, as the asyncio shell does (see its ``_send_whole_rpcs``)."""
-        if self._dispatching or not self._core.whole_rpcs_queued():
-            return
-        try:
-            self._dispatch(whole_only=True)
-        except Exception:  # (as the dispatcher does: a bug here must not reach a caller)
-            logger.exception("aio_mclookup: dispatch failed")
 
     def _dispatch(self, whole_only: bool = False) -> None:
         """Send what the core says to send; while the store is down, come back when the
         breaker lets a probe through."""
         if self._group is None or self._closed:
             return
+        if self._epochs.check():  # (before queued keys may fail fast as absent)
+            self._deliver()
         self._dispatching = True
         try:
             now = time.monotonic()
@@ -293,15 +264,16 @@ class AnyioShell:
                 self._spawn(self._wake_at, max(0.0, retry_at - now))
                 return
             submit = self._submit
+            generation = self._epochs.generation
             for batch in batches:
                 if submit is not None:
-                    self._send(submit, batch, now)
+                    self._send(submit, batch, now, generation)
                 else:
-                    self._spawn(self._rpc, batch, now)
+                    self._spawn(self._rpc, batch, now, generation)
         finally:
             self._dispatching = False
 
-    async def _rpc(self, keys: tuple[bytes, ...], sent_at: float) -> None:
+    async def _rpc(self, keys: tuple[bytes, ...], sent_at: float, generation: int) -> None:
         """One awaited ``batch_is_exist`` call; its outcome goes to the core. Cancelled only
         by :meth:`aclose`, which settles every caller."""
         started = time.perf_counter()
@@ -314,40 +286,5 @@ class AnyioShell:
             outcome = exc
         finally:
             self._stats.rpc_seconds.observe(time.perf_counter() - started)
-        self._settle(keys, sent_at, outcome)
-
-    def _send(self, submit: Any, keys: tuple[bytes, ...], sent_at: float) -> None:
-        """:meth:`_rpc` through a :class:`CallbackStore` (it calls back on this thread)."""
-        started = time.perf_counter()
-        settled = False  # one outcome per RPC, even from a store that answers and then raises
-
-        def answered(outcome: list[int] | BaseException) -> None:
-            nonlocal settled
-            if settled:
-                return
-            settled = True
-            self._calls_in_flight -= 1
-            if self._closed:
-                self._core.rpcs_in_flight -= 1
-                return  # close settled every caller
-            self._stats.rpc_seconds.observe(time.perf_counter() - started)
-            self._settle(keys, sent_at, outcome)
-
-        then: Answer = answered
-        batch: Sequence[Key] = keys
-        self._calls_in_flight += 1
-        try:
-            submit(batch, then)
-        except Exception as exc:  # (closed meanwhile): a failed RPC, answered at once
-            answered(exc)
-
-    def _settle(
-        self, keys: tuple[bytes, ...], sent_at: float, outcome: Sequence[int] | BaseException
-    ) -> None:
-        core = self._core
-        core.settle_rpc(keys, sent_at, outcome, time.monotonic())
-        self._deliver()
-        core.fresh_keys = False
-        self._send_whole_rpcs()
-        self._wake_event.set()  # a slot is free: queued keys may go out
+        self._settle(keys, sent_at, outcome, generation)
 

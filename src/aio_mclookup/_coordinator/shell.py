@@ -23,24 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from .._backend import on_asyncio
 from .._checks import integer
-from .._errors import (
-    ClosedError,
-    Error,
-    InvalidRequest,
-    LookupTimeout,
-    Overloaded,
-    StoreError,
-    error_label,
-)
+from .._errors import ClosedError, Error, InvalidRequest, LookupTimeout, StoreError, error_label
 from .._layout.layout import KVLayout
 from .._layout.sglang import SGLangLayout
 from .._observe.stats import CoordinatorStats
 from .._plan.hashes import HashInput
 from .._plan.plan import LookupPlan
 from .._resolve.result import LookupResult
-from .._store.codes import INVALID_PARAMS, RPC_FAIL, RPC_TIMEOUT
-from .._store.protocol import Answer, CallbackStore, Key, Store, epochs_of
+from .._store.protocol import CallbackStore, Store
+from .admission import Admission
 from .core import CoordinatorCore, LookupState
+from .driving import CoreDriver
+from .epochs import EpochGuard
 from .options import CoordinatorOptions, check_timeout
 
 if TYPE_CHECKING:
@@ -49,10 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["LookupCoordinator"]
 
 logger = logging.getLogger("aio_mclookup")
-
-_LOST_MASTER = frozenset((RPC_FAIL, RPC_TIMEOUT, INVALID_PARAMS))
-"""Codes of a failed RPC that say the master may be gone, or another one: a new epoch."""
-
 
 class _Default:
     """The type of :data:`DEFAULT`: "the coordinator's own setting" (distinct from None,
@@ -65,7 +55,7 @@ class _Default:
 DEFAULT = _Default()
 
 
-class LookupCoordinator:
+class LookupCoordinator(CoreDriver):
     """Answer many concurrent prefix lookups with shared, deduplicated store RPCs.
 
     ``await coordinator.lookup(num_tokens, block_hashes)`` returns the engine's scheduler's
@@ -118,20 +108,14 @@ class LookupCoordinator:
         self._rpc_tasks: set[asyncio.Task[None]] = set()
         self._calls_in_flight = 0  # RPCs through a CallbackStore, answer still to come
         self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
-        self._reserved = [0, 0]  # lookups, keys: admitted waiters not yet registered
+        self._admission = Admission(self._core)
         self._wake: asyncio.Event | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._dispatching = False  # inside _dispatch: a call-back within it sends nothing more
         self._other: AnyioShell | None = None  # the shell under anyio's other backends (trio)
-        self._epochs = epochs = epochs_of(store)
-        self._epoch_seen = 0 if epochs is None else epochs.epoch
-        self._generation = 0
-        """Bumped at each possible change of master: an RPC sent before must not answer
-        (each RPC is tagged with it when sent)."""
-        if epochs is not None:
-            self._core.breaker.reachable = lambda: epochs.reachable
+        self._epochs = EpochGuard(self._core, store)
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -160,7 +144,7 @@ class LookupCoordinator:
                 raise ClosedError("the coordinator is closed")
             from .anyio_shell import AnyioShell
 
-            other = AnyioShell(self._core, self._stats, self.store)
+            other = AnyioShell(self._core, self._stats, self.store, self._epochs)
             await other.start()
             self._other = other
         return self
@@ -293,13 +277,11 @@ class LookupCoordinator:
         loop = self._loop
         assert loop is not None
         core = self._core
-        epochs = self._epochs
-        if epochs is not None and epochs.epoch != self._epoch_seen:
-            self._store_epoch_changed()
+        if self._epochs.check():
+            self._deliver()
         started = time.perf_counter()
         stats = self._stats
-        stats.keys_planned_total += plan.num_keys
-        stats.requested_tokens_total += max(plan.token_len, 0)
+        stats.lookup_planned(plan.num_keys, plan.token_len)
         if not plan.num_keys:
             empty = core.begin(plan, time.monotonic())  # (settles at once: vLLM's 0)
             core.finish(empty)
@@ -311,10 +293,9 @@ class LookupCoordinator:
         waiter: asyncio.Future[None] | None = None
         lookup: LookupState | None = None
         try:
-            if self._waiters or not self._has_room(plan.num_keys):  # else no coroutine
-                await self._admit(plan.num_keys, deadline, limit)
-                self._reserved[0] -= 1
-                self._reserved[1] -= plan.num_keys
+            if self._waiters or not self._admission.has_room(plan.num_keys):  # (else no
+                await self._admit(plan.num_keys, deadline, limit)  # coroutine)
+                self._admission.release(plan.num_keys)
                 if self._closed:  # (admitted, then closed before it ran)
                     raise ClosedError("the coordinator was closed")
             waiter = loop.create_future()
@@ -327,9 +308,7 @@ class LookupCoordinator:
             stats.lookups_cancelled_total += 1
             raise
         except Error as exc:
-            stats.lookups_total += 1
-            stats.lookups_failed_total += 1
-            stats.count_error(error_label(exc))
+            stats.lookup_failed(error_label(exc))
             raise
         finally:
             if timer is not None:
@@ -345,18 +324,8 @@ class LookupCoordinator:
             if self._waiters:
                 self._admit_next()
         assert lookup is not None
-        stats.lookups_total += 1
-        stats.hit_tokens_total += lookup.state.hit or 0
-        stats.lookup_seconds.observe(time.perf_counter() - started)
+        stats.lookup_done(lookup.state.hit or 0, time.perf_counter() - started)
         return lookup
-
-    def _store_epoch_changed(self) -> None:
-        """The store saw its master go (restart, failover): a new epoch."""
-        assert self._epochs is not None
-        self._epoch_seen = self._epochs.epoch
-        self._generation += 1
-        self._core.new_epoch("the store's master went away or was replaced", RPC_FAIL)
-        self._deliver()
 
     def _expire(self, lookup: LookupState, limit: float | None) -> None:
         self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
@@ -378,43 +347,18 @@ class LookupCoordinator:
             else:
                 waiter.set_exception(lookup.error)
 
-    def _after(self) -> None:
-        """After the core ran: wake settled callers, send the whole RPCs queued (if slots are
-        free), and wake the dispatcher for the rest."""
-        self._deliver()
-        core = self._core
-        if core.fresh_keys:
-            core.fresh_keys = False
-            self._send_whole_rpcs()  # (the store works on them while more are planned)
-            assert self._wake is not None
-            self._wake.set()
+    def _wake_dispatcher(self) -> None:
+        assert self._wake is not None
+        self._wake.set()
 
     # ------------------------------------------------------------------------- admission
-    def _has_room(self, num_keys: int) -> bool:
-        lookups = self._core.lookups
-        pending = len(lookups) + self._reserved[0]
-        if not pending:
-            return True  # one lookup always fits, however large
-        options = self.options
-        return (
-            pending < options.max_pending_lookups
-            and self._pending_keys() + num_keys <= options.max_pending_keys
-        )
-
-    def _pending_keys(self) -> int:
-        return self._core.pending_keys + self._reserved[1]
-
     async def _admit(self, num_keys: int, deadline: float | None, limit: float | None) -> None:
         """Wait for room in arrival order (only the first in line is woken, when it fits),
         or raise :class:`Overloaded` after yielding once (a retry loop cannot spin)."""
-        options = self.options
-        if options.when_full == "raise" or len(self._waiters) >= options.max_waiting_lookups:
+        refusal = self._admission.refusal(len(self._waiters))
+        if refusal is not None:
             await asyncio.sleep(0)
-            raise Overloaded(
-                f"{len(self._core.lookups)} lookups / {self._pending_keys()} keys pending "
-                f"(max {options.max_pending_lookups} / {options.max_pending_keys}), "
-                f"{len(self._waiters)} waiting"
-            )
+            raise refusal
         assert self._loop is not None
         ticket: asyncio.Future[None] = self._loop.create_future()
         entry = (ticket, num_keys)
@@ -428,8 +372,7 @@ class LookupCoordinator:
                 await asyncio.wait_for(asyncio.shield(ticket), deadline - self._loop.time())
         except BaseException as exc:
             if ticket.done() and not ticket.cancelled() and ticket.exception() is None:
-                self._reserved[0] -= 1  # admitted, then gave up before it ran
-                self._reserved[1] -= num_keys
+                self._admission.release(num_keys)  # admitted, then gave up before it ran
             elif not ticket.done():  # gave up waiting (timeout, cancel)
                 self._waiters.remove(entry)
                 ticket.cancel()
@@ -446,11 +389,10 @@ class LookupCoordinator:
             if ticket.done():
                 waiters.popleft()
                 continue
-            if not self._has_room(num_keys):
+            if not self._admission.has_room(num_keys):
                 return
             waiters.popleft()
-            self._reserved[0] += 1
-            self._reserved[1] += num_keys
+            self._admission.reserve(num_keys)
             ticket.set_result(None)
 
     # ------------------------------------------------------------------------ dispatching
@@ -466,16 +408,6 @@ class LookupCoordinator:
             except Exception:  # the dispatcher must outlive any bug in one dispatch
                 logger.exception("aio_mclookup: dispatch failed")
 
-    def _send_whole_rpcs(self) -> None:
-        """Send whole RPCs now, without waiting for the dispatcher's turn, when the keys
-        queued fill every free RPC slot (see :meth:`CoordinatorCore.whole_rpcs_queued`); not
-        from a call-back inside a dispatch, which would recurse once per RPC."""
-        if self._dispatching or not self._core.whole_rpcs_queued():
-            return
-        try:
-            self._dispatch(whole_only=True)
-        except Exception:  # (as the dispatcher does: a bug here must not reach a caller)
-            logger.exception("aio_mclookup: dispatch failed")
 
     def _dispatch(self, whole_only: bool = False) -> None:
         """Send what the core says to send (``whole_only``: only whole RPCs, the rest left
@@ -483,9 +415,8 @@ class LookupCoordinator:
         through."""
         loop = self._loop
         assert loop is not None and self._wake is not None
-        epochs = self._epochs
-        if epochs is not None and epochs.epoch != self._epoch_seen:
-            self._store_epoch_changed()  # (before queued keys may fail fast as absent)
+        if self._epochs.check():  # (before queued keys may fail fast as absent)
+            self._deliver()
         self._dispatching = True
         try:
             now = time.monotonic()
@@ -495,7 +426,7 @@ class LookupCoordinator:
                 loop.call_at(loop.time() + (retry_at - now), self._wake.set)
                 return
             submit = self._submit
-            generation = self._generation
+            generation = self._epochs.generation
             for batch in batches:
                 if submit is not None:
                     self._send(submit, batch, now, generation)
@@ -526,71 +457,6 @@ class LookupCoordinator:
                 self._rpc_tasks.discard(task)
         self._settle(keys, sent_at, outcome, generation)
 
-    def _send(
-        self,
-        submit: Any,
-        keys: tuple[bytes, ...],
-        sent_at: float,
-        generation: int,
-    ) -> None:
-        """:meth:`_rpc` through a :class:`CallbackStore`: the answers fan out as soon as the
-        loop picks them up, one loop iteration before an awaiting task would resume."""
-        started = time.perf_counter()
-        settled = False  # one outcome per RPC, even from a store that answers and then raises
-
-        def answered(outcome: list[int] | BaseException) -> None:
-            nonlocal settled
-            if settled:
-                return
-            settled = True
-            self._calls_in_flight -= 1
-            if self._closed:
-                self._core.rpcs_in_flight -= 1
-                return  # close settled every caller
-            self._stats.rpc_seconds.observe(time.perf_counter() - started)
-            self._settle(keys, sent_at, outcome, generation)
-
-        then: Answer = answered
-        batch: Sequence[Key] = keys
-        self._calls_in_flight += 1
-        try:
-            submit(batch, then)
-        except Exception as exc:  # (closed meanwhile): a failed RPC, answered at once
-            answered(exc)
-
-    def _settle(
-        self,
-        keys: tuple[bytes, ...],
-        sent_at: float,
-        outcome: Sequence[int] | BaseException,
-        generation: int,
-    ) -> None:
-        core = self._core
-        epochs = self._epochs
-        if epochs is not None and epochs.epoch != self._epoch_seen:
-            self._store_epoch_changed()
-        if isinstance(outcome, StoreError) and outcome.code in _LOST_MASTER:
-            # Before the fan-out: under on_error="absent" it would resolve lookups on
-            # presences the master may have lost.
-            # An RPC answered after this one (sent before it failed) is refused too, unless
-            # the store watches its master: then nothing changed unless its epoch did.
-            changed = core.new_epoch(f"an RPC failed with code {outcome.code}", outcome.code)
-            if changed or epochs is None:
-                self._generation += 1
-            if changed:
-                self._deliver()
-        elif generation != self._generation and not isinstance(outcome, BaseException):
-            outcome = StoreError(
-                "answered in an earlier master epoch (the master went away meanwhile)",
-                code=RPC_FAIL,
-            )
-        core.settle_rpc(keys, sent_at, outcome, time.monotonic())
-        self._deliver()
-        core.fresh_keys = False
-        self._send_whole_rpcs()  # (the store works on them while another RPC fans out)
-        assert self._wake is not None
-        self._wake.set()  # a slot is free: queued keys may go out
-
     # ---------------------------------------------------------------------- observability
     @property
     def healthy(self) -> bool:
@@ -609,7 +475,6 @@ class LookupCoordinator:
         last_ok = core.breaker.last_ok
         stats.last_rpc_ok_age = None if last_ok is None else time.monotonic() - last_ok
         return stats.snapshot()
-
 
 
 def _request_plan(

@@ -121,6 +121,23 @@ class CoordinatorStats:
     def count_error(self, code: str) -> None:
         self.errors_by_code[code] = self.errors_by_code.get(code, 0) + 1
 
+    def lookup_planned(self, num_keys: int, token_len: int) -> None:
+        """A lookup of ``num_keys`` planned keys for ``token_len`` tokens came in."""
+        self.keys_planned_total += num_keys
+        self.requested_tokens_total += max(token_len, 0)
+
+    def lookup_failed(self, label: str) -> None:
+        """A lookup ended in an error (``label``: :func:`~aio_mclookup._errors.error_label`)."""
+        self.lookups_total += 1
+        self.lookups_failed_total += 1
+        self.count_error(label)
+
+    def lookup_done(self, hit_tokens: int, seconds: float) -> None:
+        """A lookup settled with a hit of ``hit_tokens`` after ``seconds``."""
+        self.lookups_total += 1
+        self.hit_tokens_total += hit_tokens
+        self.lookup_seconds.observe(seconds)
+
     def count_model(self, model: str, requested_tokens: int, hit_tokens: int) -> None:
         """One lookup answered under a layout of ``model``."""
         self.lookups_by_model[model] = self.lookups_by_model.get(model, 0) + 1
