@@ -4,10 +4,10 @@ The chat scenario of bench_coalesce, warm: 64 stored 4,096-token system prompts,
 sharing one up to a random cut and then diverging; every request was looked up once before
 (the known prefixes hold the prompts). Each repetition runs the same requests twice on the
 same coordinator, in turn with the epoch check (the default: the coordinator reads
-``store.epochs`` on every lookup and every RPC answer) and without it (``epochs`` cleared on
-the coordinator), so both see the same caches and the same store. Reports the median time per
-lookup of each, concurrent (256 callers) and one caller at a time, and the check alone
-(``timeit`` of the guard's ``check``).
+``store.epochs`` on every lookup and every RPC answer) and without it (the coordinator's
+``EpochGuard`` replaced by one on no epochs), so both see the same caches and the same store.
+Reports the median time per lookup of each, concurrent (256 callers) and one caller at a time,
+and the check alone (``timeit`` of the guard's ``check``).
 
 Usage: ``python benchmarks/bench_epochs.py [--reps N] [--requests N]``; prints a table.
 """

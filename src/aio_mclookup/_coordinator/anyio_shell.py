@@ -7,8 +7,8 @@ One ``await coordinator.lookup(...)``, as in the asyncio shell: plan (in the cal
 (arrival order, or :class:`Overloaded`), the core begins it, the dispatcher task sends queued
 keys while RPC slots are free, answers go back to the core, settled lookups wake their callers.
 The lookup's deadline is a cancel scope around its waits; at the deadline the core fails it.
-Admission's bookkeeping and the master epochs are the asyncio shell's own (:mod:`.admission`,
-:mod:`.epochs`).
+Admission's bookkeeping, the master epochs and what follows a step of the core are shared with
+the asyncio shell (:mod:`.admission`, :mod:`.epochs`, :mod:`.driving`).
 
 The task group (the dispatcher, RPC tasks of an awaited store, retry timers) lives from
 ``async with coordinator`` to its end, in the task that entered it: under trio a coordinator
@@ -132,8 +132,7 @@ class AnyioShell(CoreDriver):
         if self._closed:
             raise ClosedError("the coordinator is closed")
         core = self._core
-        if self._epochs.check():
-            self._deliver()
+        self._check_epoch()
         stats = self._stats
         started = time.perf_counter()
         stats.lookup_planned(plan.num_keys, plan.token_len)
@@ -253,8 +252,7 @@ class AnyioShell(CoreDriver):
         breaker lets a probe through."""
         if self._group is None or self._closed:
             return
-        if self._epochs.check():  # (before queued keys may fail fast as absent)
-            self._deliver()
+        self._check_epoch()  # (before queued keys may fail fast as absent)
         self._dispatching = True
         try:
             now = time.monotonic()

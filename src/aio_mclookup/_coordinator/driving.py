@@ -47,6 +47,11 @@ class CoreDriver:
         """Send what the core says to send (``whole_only``: only whole RPCs)."""
         raise NotImplementedError
 
+    def _check_epoch(self) -> None:
+        """A new master epoch, if the store saw its master go: wake the lookups it failed."""
+        if self._epochs.check():
+            self._deliver()
+
     def _after(self) -> None:
         """After the core ran: wake settled callers, send the whole RPCs queued (if slots are
         free), and wake the dispatcher for the rest."""

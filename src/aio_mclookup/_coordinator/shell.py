@@ -277,8 +277,7 @@ class LookupCoordinator(CoreDriver):
         loop = self._loop
         assert loop is not None
         core = self._core
-        if self._epochs.check():
-            self._deliver()
+        self._check_epoch()
         started = time.perf_counter()
         stats = self._stats
         stats.lookup_planned(plan.num_keys, plan.token_len)
@@ -408,15 +407,13 @@ class LookupCoordinator(CoreDriver):
             except Exception:  # the dispatcher must outlive any bug in one dispatch
                 logger.exception("aio_mclookup: dispatch failed")
 
-
     def _dispatch(self, whole_only: bool = False) -> None:
         """Send what the core says to send (``whole_only``: only whole RPCs, the rest left
         for the dispatcher); while the store is down, come back when the breaker lets a probe
         through."""
         loop = self._loop
         assert loop is not None and self._wake is not None
-        if self._epochs.check():  # (before queued keys may fail fast as absent)
-            self._deliver()
+        self._check_epoch()  # (before queued keys may fail fast as absent)
         self._dispatching = True
         try:
             now = time.monotonic()
