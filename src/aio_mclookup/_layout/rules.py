@@ -56,6 +56,7 @@ class EraCRules:
         "keys_as_026",
         "mask_eagle",
         "multi_pass",
+        "search_codes",
         "spec_groups",
         "store_ids",
         "version",
@@ -75,6 +76,8 @@ class EraCRules:
         self.version = version
         self.keys_as_026: bool | None = None
         """Whether the planner may build this layout's probes as 0.26's (set by it)."""
+        self.search_codes: bytes | None = None
+        """These rules as the compiled hit search reads them (set by the resolver)."""
         self.store_ids = store_ids
         """Per layout group: its store group id, or None when it is not prefix-cacheable."""
         self.fine = fine

@@ -8,18 +8,30 @@ answering 1; a repeated hash counts wherever it occurs). The managers reuse the 
 and Mamba); what 0.33 changed is here: one lookup alignment for every manager, the
 fine-grained variants, the EAGLE peek margin (none for Mamba, capped at the hash list), the
 re-derivation of a hit that reaches ``num_tokens``, and the tail-key boundaries.
+
+The search (:class:`_Search`) has a compiled twin, ``_search_c``, which runs when it was built
+(:mod:`.._native`); the Python class is the reference and the fallback, and where vLLM raises
+the twin hands the case back to it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from .. import _native
 from .._arrays import BoolArray, IntArray
 from .._errors import InvalidRequest
 from .._layout.geometry import Geometry
-from .._layout.groups import ChunkedLocalAttention, FullAttention, Mamba, SlidingWindow
+from .._layout.groups import (
+    ChunkedLocalAttention,
+    FullAttention,
+    Mamba,
+    SlidingWindow,
+    window_blocks,
+)
 from .._layout.rules import EraCRules, EraCSpecGroup
 from .hits import (
     _NONE,
@@ -32,6 +44,12 @@ from .hits import (
 from .result import LookupResult, TailKeyBoundary
 
 __all__ = ["era_c_partial", "era_c_result", "lone_full_attention_hit"]
+
+_C: Any = _native.load("aio_mclookup._resolve._search_c")
+"""The compiled search (``_search_c.c``), or ``None``: :class:`_Search`."""
+_KINDS = {FullAttention: 0, SlidingWindow: 1, ChunkedLocalAttention: 2, Mamba: 3}
+_LARGEST = 1 << 62
+"""Lengths the compiled search takes (a C integer); longer ones are searched in Python."""
 
 
 def _leading_true(present: BoolArray) -> int:
@@ -91,11 +109,6 @@ class _Search:
         self._full_pending = False
         self._chunks: dict[tuple[int, int], BoolArray] = {}
         self._known_chunks: dict[tuple[int, int], BoolArray] = {}
-
-    @property
-    def exact(self) -> bool:
-        """No answer so far rests on an unknown unit."""
-        return not any(self.depends)
 
     def chunks(self, i: int, block_size: int) -> BoolArray:
         """Spec-group ``i``'s presence by chunk: the chunk's last hash (vLLM's compact view,
@@ -247,12 +260,64 @@ class _Search:
         return max(hit, 0)
 
 
+def _search(
+    geometry: Geometry,
+    rules: EraCRules,
+    num_tokens: int,
+    present: Sequence[BoolArray],
+    known: Sequence[BoolArray] | None = None,
+    lazy: bool = False,
+) -> tuple[int, list[IntArray]]:
+    """:meth:`_Search.hit_for`, compiled where it can be: the hit, and per spec-group the
+    unknown units it rests on (ascending, once each; every one empty when the hit is exact)."""
+    if _C is not None and 0 <= num_tokens < _LARGEST:
+        codes = rules.search_codes
+        if codes is None:
+            codes = rules.search_codes = _search_codes(geometry, rules)
+        found = _C.hit_for(
+            codes, tuple(present), None if known is None else tuple(known), num_tokens, lazy
+        )
+        if found is not None:  # (None: a case where vLLM raises, which the class below says)
+            hit, noted = found
+            return hit, [np.frombuffer(units, np.int64) if units else _NONE for units in noted]
+    search = _Search(geometry, rules, present, known, lazy)
+    hit = search.hit_for(num_tokens)
+    depends = [
+        # (every noted unit is unknown; several calls may note one: once)
+        (np.unique(np.concatenate(noted)) if len(noted) > 1 else noted[0]) if noted else _NONE
+        for noted in search.depends
+    ]
+    return hit, depends
+
+
+def _search_codes(geometry: Geometry, rules: EraCRules) -> bytes:
+    """The rules as ``_search_c.hit_for`` reads them (see ``_search_c.c``); empty for a spec
+    it does not know, which the compiled search refuses."""
+    codes = [
+        geometry.hash_block_size, rules.alignment, rules.fine, rules.multi_pass,
+        len(rules.spec_groups),
+    ]
+    for sg in rules.spec_groups:
+        spec = sg.spec
+        kind = _KINDS.get(type(spec))
+        if kind is None:
+            return b""
+        need = (
+            (window_blocks(spec, False), window_blocks(spec, True))
+            if isinstance(spec, SlidingWindow)
+            else (0, 0)
+        )
+        chunk = spec.attention_chunk_size if isinstance(spec, ChunkedLocalAttention) else 0
+        codes += [kind, spec.block_size, *need, chunk, sg.eagle, len(sg.group_ids), *sg.group_ids]
+    return np.array(codes, dtype=np.int64).tobytes()
+
+
 def era_c_result(geometry: Geometry, num_tokens: int, present: Sequence[BoolArray]) -> LookupResult:
     """vLLM 0.32 / 0.33's lookup result for ``num_tokens`` tokens, from per store group
     presence by hash index (see the module docstring)."""
     rules = geometry.rules
     assert rules is not None
-    hit = _Search(geometry, rules, present).hit_for(num_tokens)
+    hit, _ = _search(geometry, rules, num_tokens, present)
     if hit <= 0:
         return LookupResult(0)
     return LookupResult(hit, tail_key_boundaries(geometry, rules, hit, present))
@@ -278,15 +343,12 @@ def era_c_partial(
     so that an absent one bounds the next window (its keys would be wasted past the miss)."""
     rules = geometry.rules
     assert rules is not None
-    search = _Search(geometry, rules, present, known, lazy=window is not None)
-    hit = search.hit_for(num_tokens)
-    if not search.exact:
+    hit, depends = _search(geometry, rules, num_tokens, present, known, lazy=window is not None)
+    if any(units.size for units in depends):
         wanted: list[list[IntArray]] = [[] for _ in geometry.groups]
-        for sg, noted in zip(rules.spec_groups, search.depends):
-            if not noted:
+        for sg, units in zip(rules.spec_groups, depends):
+            if not units.size:
                 continue
-            # (every noted unit is unknown; several calls may note one: once)
-            units = np.unique(np.concatenate(noted)) if len(noted) > 1 else noted[0]
             if window is not None and units.size > window:
                 if scouts and sg.full_attention:
                     quarter = max(1, window // 2)
