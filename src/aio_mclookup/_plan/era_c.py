@@ -34,7 +34,7 @@ class EraCPlan(LookupPlan):
     given to :meth:`KVLayout.plan`.
     """
 
-    __slots__ = ("_hash_count", "_hash_ids", "_hash_source", "_units", "num_tokens")
+    __slots__ = ("_hash_count", "_hash_ids", "_hash_source", "_lone", "_units", "num_tokens")
 
     def __init__(
         self,
@@ -48,6 +48,10 @@ class EraCPlan(LookupPlan):
         hash_source: RequestHashes | None = None,
     ) -> None:
         super().__init__(geometry, token_len, groups, num_keys)
+        rules = geometry.rules
+        assert rules is not None
+        self._lone = geometry.lone_full_attention and len(groups) == 1 and not rules.fine
+        """:attr:`single_full_attention` (read several times per lookup: found once)."""
         self.num_tokens = num_tokens
         self._units = units
         """Per store group: the hash index of each probed chunk (or unit)."""
@@ -74,9 +78,7 @@ class EraCPlan(LookupPlan):
     # ------------------------------------------------------------------------- structure
     @property
     def single_full_attention(self) -> bool:
-        rules = self.geometry.rules
-        assert rules is not None
-        return self.geometry.lone_full_attention and len(self._groups) == 1 and not rules.fine
+        return self._lone
 
     @property
     def probe_in_one_round(self) -> bool:
@@ -182,11 +184,11 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
     if _keys_as_026(geometry) and (geometry.has_full_attention or count >= token_len // h):
         # The same probes as vLLM 0.26 for this length: its planner (probe-target cache,
         # shared reads) builds them.
-        base = build_plan(geometry, token_len, block_hashes)
+        base = build_plan(geometry, token_len, hashes)
         for probe in base.groups:
             stride = geometry.groups[probe.group_id].block_size // h
             probes.append(probe)
-            units_of.append(probe.chunks * stride + (stride - 1))
+            units_of.append(probe.chunks if stride == 1 else probe.chunks * stride + (stride - 1))
         offset = base.num_keys
     elif rules.fine:  # every hash unit, raw hashes, every group
         n_units = min(count, token_len // h)

@@ -276,9 +276,12 @@ _NOT_READ: tuple[npt.NDArray[np.uint8] | None, list[bytes]] = (None, [])
 
 
 def build_plan(layout: Geometry, token_len: object, block_hashes: object) -> LookupPlan:
-    """Validate one request and build its :class:`LookupPlan` (see :meth:`KVLayout.plan`)."""
+    """Validate one request and build its :class:`LookupPlan` (see :meth:`KVLayout.plan`);
+    ``block_hashes`` may come read already (a :class:`RequestHashes`)."""
     tokens = integer("token_len", token_len)
-    hashes = RequestHashes(block_hashes)
+    hashes = (
+        block_hashes if type(block_hashes) is RequestHashes else RequestHashes(block_hashes)
+    )
     if tokens <= 0 or hashes.count == 0:
         return LookupPlan(layout, tokens, (), 0)
     sched = layout.scheduler_block_size
