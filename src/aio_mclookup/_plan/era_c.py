@@ -46,8 +46,9 @@ class EraCPlan(LookupPlan):
         units: tuple[IntArray, ...] = (),
         hash_count: int = 0,
         hash_source: RequestHashes | None = None,
+        short: bool | None = None,
     ) -> None:
-        super().__init__(geometry, token_len, groups, num_keys)
+        super().__init__(geometry, token_len, groups, num_keys, short)
         rules = geometry.rules
         assert rules is not None
         self._lone = geometry.lone_full_attention and len(groups) == 1 and not rules.fine
@@ -181,6 +182,7 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
     probes: list[GroupProbe] = []
     units_of: list[IntArray] = []
     offset = 0
+    short = None  # (found when first read, unless the 0.26 planner found it)
     if _keys_as_026(geometry) and (geometry.has_full_attention or count >= token_len // h):
         # The same probes as vLLM 0.26 for this length: its planner (probe-target cache,
         # shared reads) builds them.
@@ -190,6 +192,7 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
             probes.append(probe)
             units_of.append(probe.chunks if stride == 1 else probe.chunks * stride + (stride - 1))
         offset = base.num_keys
+        short = base.short
     elif rules.fine:  # every hash unit, raw hashes, every group
         n_units = min(count, token_len // h)
         rows, items = hashes.gather(slice(0, n_units, 1))
@@ -243,6 +246,7 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
         tuple(units_of),
         count,
         hashes if offset else None,
+        short,
     )
 
 
