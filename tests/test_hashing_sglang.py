@@ -177,3 +177,52 @@ def test_token_ids_q_keeps_a_view_of_int64_arrays() -> None:
     arr = np.arange(10, dtype=np.int64)
     assert token_ids_q(arr) is arr
     assert token_ids_q([True, 2]).tolist() == [1, 2]  # (array("q") takes bools, as SGLang's)
+
+
+@pytest.mark.skipif(COMPILED is None, reason="the C extension is not loaded")
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(
+        st.one_of(
+            st.integers(0, 200), st.integers(-(1 << 64), 1 << 64), st.just((1 << 32) - 1),
+            st.just(1 << 32), st.booleans(),
+        ),
+        max_size=40,
+    ),
+    dtype=st.sampled_from(
+        [None, "tuple", np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+         np.uint64, ">i8"]
+    ),
+)
+def test_narrow_ids_packs_what_token_ids_q_reads(ids: list[int], dtype: object) -> None:
+    """The compiled packing (``_chain_c.narrow_ids``) against :func:`token_ids_q`: the same
+    ids where every one fits 32 bits, else None (the Python path then reads, or refuses)."""
+    given_ids: object = ids if dtype is None else tuple(ids) if dtype == "tuple" else None
+    if given_ids is None:
+        try:
+            given_ids = np.array(ids, dtype=dtype)  # type: ignore[call-overload]
+        except OverflowError:
+            return  # (not an array of that dtype)
+        if [int(x) for x in given_ids] != [int(x) for x in ids]:
+            return  # (wrapped by numpy: another input)
+    packed = COMPILED.narrow_ids(given_ids, 1 << 20)
+    try:
+        read = token_ids_q(given_ids)
+    except InvalidRequest:
+        assert packed is None
+        return
+    if all(0 <= int(x) < 1 << 32 for x in ids) and dtype != ">i8":
+        assert packed == np.asarray(read, dtype="<u4").tobytes()
+    else:  # (an id past 32 bits, or a byte order it does not read: the Python path's)
+        assert packed is None
+
+
+@pytest.mark.skipif(COMPILED is None, reason="the C extension is not loaded")
+def test_narrow_ids_hands_back_what_it_does_not_pack() -> None:
+    assert COMPILED.narrow_ids([1, 2], 1) is None  # over the limit
+    assert COMPILED.narrow_ids(np.arange(4)[::2], 9) is None  # (strided)
+    assert COMPILED.narrow_ids(np.zeros((2, 2), dtype=np.int64), 9) is None
+    assert COMPILED.narrow_ids(np.zeros(2, dtype=np.float64), 9) is None
+    assert COMPILED.narrow_ids([1, np.int64(2)], 9) is None  # (not an int: Python reads it)
+    assert COMPILED.narrow_ids(b"ab", 9) is None
+    assert COMPILED.narrow_ids([7, True], 9) == struct.pack("<2I", 7, 1)

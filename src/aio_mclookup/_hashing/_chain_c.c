@@ -25,6 +25,12 @@
  *   page_list(seed, bodies) -> list[bytes]
  *       a sequence of bodies of any lengths (0.5.23's wide pages among narrow ones).
  *
+ *   narrow_ids(token_ids, limit) -> bytes | None
+ *       the ids as uint32 little-endian (the twin of sglang.token_ids_q where every id fits):
+ *       from a list or tuple of ints, or a 1-D C-contiguous buffer of integers, at most
+ *       `limit` of them, each in 0 .. 2**32 - 1; None for anything else (the Python path then
+ *       reads the ids, and names what is wrong).
+ *
  * SHA-256 is OpenSSL's libcrypto (its SHA256_* functions, the ones with the CPU's SHA
  * instructions).
  */
@@ -399,6 +405,106 @@ page_list(PyObject *self, PyObject *args)
     return result;
 }
 
+/* narrow_ids of a buffer: 1 packed, 0 not narrow or not an integer buffer. */
+static int
+narrow_buffer(const Py_buffer *v, uint8_t *out)
+{
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    if (!*f || f[1])
+        return 0;
+    int is_signed;
+    switch (*f) {
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': is_signed = 1; break;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': is_signed = 0; break;
+    default: return 0;
+    }
+    Py_ssize_t n = v->shape[0], size = v->itemsize;
+    const uint8_t *p = v->buf;
+    for (Py_ssize_t i = 0; i < n; i++, p += size) {
+        int64_t value;
+        uint64_t raw;
+        switch (size) {
+        case 1: value = is_signed ? *(const int8_t *)p : *p; break;
+        case 2: { uint16_t x; memcpy(&x, p, 2); value = is_signed ? (int16_t)x : x; break; }
+        case 4: { uint32_t x; memcpy(&x, p, 4); value = is_signed ? (int32_t)x : (int64_t)x; break; }
+        case 8:
+            memcpy(&raw, p, 8);
+            if (!is_signed && raw >> 32)
+                return 0;
+            value = (int64_t)raw;
+            break;
+        default: return 0;
+        }
+        if (value < 0 || (uint64_t)value >> 32)
+            return 0;
+        uint32_t id = (uint32_t)value;
+        out[4 * i] = (uint8_t)id;
+        out[4 * i + 1] = (uint8_t)(id >> 8);
+        out[4 * i + 2] = (uint8_t)(id >> 16);
+        out[4 * i + 3] = (uint8_t)(id >> 24);
+    }
+    return 1;
+}
+
+static PyObject *
+narrow_ids(PyObject *self, PyObject *args)
+{
+    PyObject *ids;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "On:narrow_ids", &ids, &limit)) return NULL;
+    if (PyList_CheckExact(ids) || PyTuple_CheckExact(ids)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+        if (n > limit) Py_RETURN_NONE;
+        PyObject *packed = PyBytes_FromStringAndSize(NULL, 4 * n);
+        if (packed == NULL) return NULL;
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(packed);
+        PyObject **items = PySequence_Fast_ITEMS(ids);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = items[i];
+            if (!PyLong_Check(item)) {
+                Py_DECREF(packed);
+                Py_RETURN_NONE;
+            }
+            int overflow;
+            long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (overflow || value < 0 || (unsigned long long)value >> 32) {
+                Py_DECREF(packed);
+                if (value == -1 && PyErr_Occurred()) return NULL;
+                Py_RETURN_NONE;
+            }
+            uint32_t id = (uint32_t)value;
+            out[4 * i] = (uint8_t)id;
+            out[4 * i + 1] = (uint8_t)(id >> 8);
+            out[4 * i + 2] = (uint8_t)(id >> 16);
+            out[4 * i + 3] = (uint8_t)(id >> 24);
+        }
+        return packed;
+    }
+    if (!PyObject_CheckBuffer(ids) || PyBytes_Check(ids) || PyByteArray_Check(ids))
+        Py_RETURN_NONE;  /* (bytes-likes are refused by the Python path) */
+    Py_buffer v;
+    if (PyObject_GetBuffer(ids, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *packed = NULL;
+    if (v.ndim == 1 && v.shape[0] <= limit) {
+        packed = PyBytes_FromStringAndSize(NULL, 4 * v.shape[0]);
+        if (packed != NULL && !narrow_buffer(&v, (uint8_t *)PyBytes_AS_STRING(packed))) {
+            Py_DECREF(packed);
+            packed = Py_None;
+            Py_INCREF(packed);
+        }
+    } else {
+        packed = Py_None;
+        Py_INCREF(packed);
+    }
+    PyBuffer_Release(&v);
+    return packed;
+}
+
 static PyMethodDef methods[] = {
     {"plain", plain, METH_VARARGS,
      "plain(tokens, block_size, cbor, parent): the digests of the full blocks without extra "
@@ -409,6 +515,9 @@ static PyMethodDef methods[] = {
     {"pages", pages, METH_VARARGS,
      "pages(seed, bodies, width): SGLang's page chain over the pages of `width` bytes in the "
      "buffer `bodies` (seed: b'' or 32 bytes); a list of 32-byte digests."},
+    {"narrow_ids", narrow_ids, METH_VARARGS,
+     "narrow_ids(token_ids, limit): the ids as uint32 little-endian bytes when every one of "
+     "at most `limit` ids fits, else None (the Python path reads them)."},
     {"page_list", page_list, METH_VARARGS,
      "page_list(seed, bodies): SGLang's page chain over a sequence of page bodies (bytes); a "
      "list of 32-byte digests."},

@@ -4,8 +4,9 @@ Page ``i``'s digest is ``SHA-256(prior ‖ body)``: the prior is the previous pa
 raw bytes), and for page 0 the namespace seed or nothing. A body is the page's ids as uint32
 little-endian; under EAGLE a page is ``page_size`` bigrams ``(t_j, t_{j+1})``, both ids each.
 From 0.5.23 a page reading an id above 2**32 - 1 is *wide*: ``0xff`` then the same ids as
-uint64. Ids are packed for every page at once (numpy); the chain is then one C loop (the
-compiled twin in ``_chain_c.c``) or, in pure Python, one hashlib call per page.
+uint64. Ids are packed for every page at once (numpy; in C when every id fits 32 bits); the
+chain is then one C loop (the compiled twin in ``_chain_c.c``) or, in pure Python, one hashlib
+call per page.
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ def token_ids_q(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uin
     return np.frombuffer(packed, dtype=np.int64)
 
 
+def _narrow(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uint32]:
+    """:func:`token_ids_q`, packed in one C pass when the ids are a list, a tuple or a 1-D
+    integer array whose every id fits 32 bits (the usual prompt)."""
+    if _C is not None and (type(token_ids) in (list, tuple) or isinstance(token_ids, np.ndarray)):
+        packed = _C.narrow_ids(token_ids, MAX_TOKENS)
+        if packed is not None:
+            return np.frombuffer(packed, dtype=np.uint32)
+    return token_ids_q(token_ids)
+
+
 def _from_array(arr: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise InvalidRequest(
@@ -135,7 +146,7 @@ def page_hashes(
     """One 32-byte digest per full page of ``token_ids`` (bigram pages under ``eagle``);
     ``wide``: ids above 2**32 - 1 make wide pages (0.5.23), else they are refused, as negative
     ids in a hashed page always are. Ids after the last full page are not read."""
-    tokens = token_ids_q(token_ids)
+    tokens = _narrow(token_ids)
     n = tokens.size
     pages = (max(n - 1, 0) if eagle else n) // page_size
     if not pages:
