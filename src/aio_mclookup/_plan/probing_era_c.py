@@ -53,16 +53,14 @@ class EraCProbeState(ProbeState):
         # Per store group, by hash index: known yet, and present or unknown. A unit the group
         # does not probe is known absent (vLLM's presence set holds only probed keys; plans
         # whose hashes repeat are not probed in rounds).
-        known_units: list[BoolArray] = []
-        maybe_units: list[BoolArray] = []
-        if not self._all_at_once:
-            for units in plan._units:
-                known = np.ones(plan._hash_count, dtype=bool)
-                known[units] = False
-                known_units.append(known)
-                maybe_units.append(~known)
-        self._known_units = tuple(known_units)
-        self._maybe_units = tuple(maybe_units)
+        self._known_units: tuple[BoolArray, ...] = ()
+        self._maybe_units: tuple[BoolArray, ...] = ()
+        if not self._all_at_once:  # (one array of rows for every group: fewer numpy calls)
+            known = np.ones((len(plan._units), plan._hash_count), dtype=bool)
+            for row, units in zip(known, plan._units):
+                row[units] = False
+            self._known_units = tuple(known)
+            self._maybe_units = tuple(~known)
 
     def _settle(self, result: LookupResult) -> None:
         self._result = result
