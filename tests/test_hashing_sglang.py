@@ -226,3 +226,22 @@ def test_narrow_ids_hands_back_what_it_does_not_pack() -> None:
     assert COMPILED.narrow_ids([1, np.int64(2)], 9) is None  # (not an int: Python reads it)
     assert COMPILED.narrow_ids(b"ab", 9) is None
     assert COMPILED.narrow_ids([7, True], 9) == struct.pack("<2I", 7, 1)
+
+
+def test_a_masked_array_is_read_as_token_ids_q_reads_it() -> None:
+    """A subclass of ndarray takes the Python path: a masked array's buffer holds what its
+    mask hides (found by review: the C packing read it)."""
+    outcomes = []
+    for masked in (
+        np.ma.masked_array(np.array([5], dtype=np.int64), mask=[True]),
+        np.ma.masked_array(np.array([5, 6], dtype=np.uint64), mask=[False, True]),
+    ):
+        for twin in (COMPILED, None):
+            sglang._C = twin
+            try:
+                outcomes.append(hashes(masked, 1, wide=False))
+            except Exception as exc:  # (whatever the Python path does, the other does too)
+                outcomes.append(type(exc))
+            finally:
+                sglang._C = COMPILED
+    assert outcomes[0] == outcomes[1] and outcomes[2] == outcomes[3]

@@ -125,3 +125,39 @@ def test_the_twin_hands_back_what_it_does_not_search() -> None:
     assert C_SEARCH.hit_for(codes, (np.ones(4, dtype=np.uint8),), None, 16, False) is None
     assert C_SEARCH.hit_for(codes, ones, (np.ones(3, dtype=bool),), 16, False) is None
     assert C_SEARCH.hit_for(codes[:-8], ones, None, 16, False) is None  # (codes cut short)
+
+
+@needs_build
+def test_what_the_review_found() -> None:
+    """Inputs an independent review found the first twin read otherwise than the Python
+    search: they are now the same on both paths (or handed back to Python)."""
+    def both(geometry: Any, rules: Any, *args: Any) -> None:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            compiled, pure, _ = _both(monkeypatch, geometry, rules, *args)
+        assert compiled == pure
+
+    # Sizes past int64, and products of sizes past it: handed back.
+    huge = mcl.KVLayout([mcl.FullAttention(4), mcl.SlidingWindow(4, sliding_window=2**66)],
+                        model="m", hash_block_size=4, scheduler_block_size=4)
+    g = huge._geometry
+    both(g, g.rules, 16, (np.ones(4, dtype=bool),) * 2)
+    h = 2**61
+    wide = mcl.KVLayout([mcl.FullAttention(h), mcl.SlidingWindow(h, sliding_window=1)],
+                        model="m", hash_block_size=h, scheduler_block_size=h, use_eagle=True)
+    g = wide._geometry
+    both(g, g.rules, 2**62 - 1, (np.ones(8, dtype=bool),) * 2)
+    # Presence arrays that are not 1-D: handed back (the Python search raises or reads them).
+    lone = mcl.KVLayout([mcl.FullAttention(4)], model="m", hash_block_size=4,
+                        scheduler_block_size=4)
+    g = lone._geometry
+    codes = era_c._search_codes(g, g.rules)
+    assert C_SEARCH.hit_for(codes, (np.ones((2, 4), dtype=bool),), None, 32, False) is None
+    assert C_SEARCH.hit_for(codes, (np.array(True),), None, 4, False) is None
+    # A bool byte other than 0 or 1 is True, as numpy reads it, where groups merge.
+    twice = mcl.KVLayout([mcl.FullAttention(4), mcl.FullAttention(4)], model="m",
+                         hash_block_size=4, scheduler_block_size=4)
+    g = twice._geometry
+    odd = np.frombuffer(b"\x02" * 4, dtype=bool)
+    both(g, g.rules, 16, (odd, np.ones(4, dtype=bool)))
+    both(g, g.rules, 16, (odd, np.ones(4, dtype=bool)),
+         (np.zeros(4, dtype=bool), np.ones(4, dtype=bool)))

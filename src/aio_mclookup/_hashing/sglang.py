@@ -87,7 +87,8 @@ def token_ids_q(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uin
 def _narrow(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uint32]:
     """:func:`token_ids_q`, packed in one C pass when the ids are a list, a tuple or a 1-D
     integer array whose every id fits 32 bits (the usual prompt)."""
-    if _C is not None and (type(token_ids) in (list, tuple) or isinstance(token_ids, np.ndarray)):
+    if _C is not None and type(token_ids) in (list, tuple, np.ndarray):  # (not subclasses:
+        # a masked array's buffer holds what its mask hides)
         packed = _C.narrow_ids(token_ids, MAX_TOKENS)
         if packed is not None:
             return np.frombuffer(packed, dtype=np.uint32)

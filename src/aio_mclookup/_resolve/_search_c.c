@@ -12,7 +12,8 @@
  *           presence is known), unknown units counting as present;
  *       depends: per spec-group the unknown units noted, ascending and unique, as int64 bytes.
  *       None: not searched here (a case where vLLM raises, a negative length, arrays of
- *       another shape): the Python search runs instead and raises vLLM's error.
+ *       another shape, sizes past MAX_SIZE or a length past MAX_TOKENS): the Python search
+ *       runs instead (and raises vLLM's error where there is one).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +23,8 @@
 
 enum { FULL = 0, WINDOW = 1, CHUNKED = 2, MAMBA = 3 };
 #define MAX_GROUPS 64 /* spec-groups (a bit each in `verified`) and store groups */
+#define MAX_SIZE ((Py_ssize_t)1 << 30)   /* sizes and hash counts searched here: products of */
+#define MAX_TOKENS ((Py_ssize_t)1 << 61) /* two, and lengths plus a size, cannot overflow */
 
 typedef struct {
     int64_t *v;
@@ -344,7 +347,7 @@ arrays_of(PyObject *seq, Py_ssize_t groups, Py_ssize_t *count, Arrays *out)
             return 0;
         }
         out->held++;
-        if (v->itemsize != 1 || !v->format || strcmp(v->format, "?") != 0
+        if (v->ndim != 1 || v->itemsize != 1 || !v->format || strcmp(v->format, "?") != 0
             || (*count >= 0 && v->len != *count)) {
             release(out);
             return 0;
@@ -381,7 +384,8 @@ hit_for(PyObject *self, PyObject *args)
     S->n = (int)c[4];
     S->lazy = lazy;
     c += 5;
-    if (S->h <= 0 || S->a <= 0 || S->n < 1 || S->n > MAX_GROUPS || !PyTuple_Check(present_obj))
+    if (S->h <= 0 || S->h > MAX_SIZE || S->a <= 0 || S->a > MAX_SIZE || S->n < 1
+        || S->n > MAX_GROUPS || !PyTuple_Check(present_obj) || num_tokens > MAX_TOKENS)
         goto unsupported;
     Py_ssize_t groups = PyTuple_GET_SIZE(present_obj), count = -1;
     if (groups < 1 || groups > MAX_GROUPS)
@@ -400,6 +404,8 @@ hit_for(PyObject *self, PyObject *args)
             goto unsupported;
         }
     }
+    if (count > MAX_SIZE)
+        goto unsupported;
     S->count = count;
     for (int i = 0; i < S->n; i++) { /* _Search.__init__: presence merged over the members */
         Group *g = &S->g[i];
@@ -414,7 +420,10 @@ hit_for(PyObject *self, PyObject *args)
         Py_ssize_t members = (Py_ssize_t)c[6];
         c += 7;
         if (members < 1 || end - c < members || g->kind < FULL || g->kind > MAMBA
-            || g->block < S->h || g->block % S->h || (g->kind == CHUNKED && g->chunk <= 0))
+            || g->block < S->h || g->block > MAX_SIZE || g->block % S->h
+            || (g->kind == CHUNKED && (g->chunk <= 0 || g->chunk > MAX_SIZE))
+            || g->need_plain < 0 || g->need_plain > MAX_SIZE || g->need_eagle < 0
+            || g->need_eagle > MAX_SIZE)
             goto unsupported;
         g->s = g->block / S->h;
         for (Py_ssize_t m = 0; m < members; m++)
@@ -437,17 +446,17 @@ hit_for(PyObject *self, PyObject *args)
                 memcpy(kn, first_known, (size_t)count);
             for (Py_ssize_t m = 1; m < members; m++) {
                 const uint8_t *p = present.views[c[m]].buf;
-                for (Py_ssize_t u = 0; u < count; u++)
-                    units[u] &= p[u];
+                for (Py_ssize_t u = 0; u < count; u++) /* (any non-zero byte is True) */
+                    units[u] = units[u] && p[u];
                 if (first_known) {
                     const uint8_t *k = known.views[c[m]].buf;
                     for (Py_ssize_t u = 0; u < count; u++)
-                        kn[u] &= k[u];
+                        kn[u] = kn[u] && k[u];
                 }
             }
             if (first_known)
                 for (Py_ssize_t u = 0; u < count; u++)
-                    kn[u] |= !units[u];
+                    kn[u] = kn[u] || !units[u];
             g->units = units;
             g->known = first_known ? kn : NULL;
         }

@@ -48,8 +48,10 @@ __all__ = ["era_c_partial", "era_c_result", "lone_full_attention_hit"]
 _C: Any = _native.load("aio_mclookup._resolve._search_c")
 """The compiled search (``_search_c.c``), or ``None``: :class:`_Search`."""
 _KINDS = {FullAttention: 0, SlidingWindow: 1, ChunkedLocalAttention: 2, Mamba: 3}
-_LARGEST = 1 << 62
-"""Lengths the compiled search takes (a C integer); longer ones are searched in Python."""
+_LARGEST = 1 << 61
+"""Lengths the compiled search takes; longer ones are searched in Python (as are layouts with
+sizes of ``2**30`` or more: ``_search_c.c``'s bounds, which keep its arithmetic exact)."""
+_LARGEST_SIZE = 1 << 30
 
 
 def _leading_true(present: BoolArray) -> int:
@@ -309,6 +311,8 @@ def _search_codes(geometry: Geometry, rules: EraCRules) -> bytes:
         )
         chunk = spec.attention_chunk_size if isinstance(spec, ChunkedLocalAttention) else 0
         codes += [kind, spec.block_size, *need, chunk, sg.eagle, len(sg.group_ids), *sg.group_ids]
+    if max(codes) >= _LARGEST_SIZE:
+        return b""  # (sizes no model has: the Python search takes them)
     return np.array(codes, dtype=np.int64).tobytes()
 
 
