@@ -161,3 +161,31 @@ def test_what_the_review_found() -> None:
     both(g, g.rules, 16, (odd, np.ones(4, dtype=bool)))
     both(g, g.rules, 16, (odd, np.ones(4, dtype=bool)),
          (np.zeros(4, dtype=bool), np.ones(4, dtype=bool)))
+
+
+def _partial(monkeypatch: pytest.MonkeyPatch, compiled: bool, *args: Any) -> Any:
+    """era_c_partial on one path: the result, the units per store group, or the error."""
+    monkeypatch.setattr(era_c, "_C", C_SEARCH if compiled else None)
+    try:
+        found = era_c.era_c_partial(*args)
+    except mcl.InvalidRequest as exc:
+        return ("raises", str(exc))
+    if isinstance(found, mcl.LookupResult):
+        return found
+    return [units.tolist() for units in found]
+
+
+@needs_build
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(searches(), st.sampled_from([None, 0, 1, 3, 8, 16]), st.sampled_from([0, 4]))
+def test_the_twin_chooses_the_units_the_python_chooses(
+    case: tuple[Any, ...], window: int | None, scouts: int
+) -> None:
+    """``era_c_partial``: the search, the window and scouts, each member group's own unknown
+    units (``_search_c.partial``), then the tail keys (Python on both paths)."""
+    geometry, _, num_tokens, present, known, _ = case
+    if known is None:
+        known = tuple(np.ones(p.size, dtype=bool) for p in present)
+    args = (geometry, num_tokens, present, known, window, scouts)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert _partial(monkeypatch, True, *args) == _partial(monkeypatch, False, *args)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import _native
 from .._arrays import EMPTY, BoolArray, IntArray, KeyIndices
 from .._resolve.era_c import era_c_partial
 from .._resolve.result import LookupResult
@@ -17,6 +18,10 @@ from .era_c import EraCPlan
 from .probing import SCOUT_WINDOW, SCOUTS, ProbeState, group_answers, position_keys
 
 __all__ = ["EraCProbeState"]
+
+_C: Any = _native.load("aio_mclookup._plan._probing_c")
+"""The compiled bookkeeping of a round (``_probing_c.c``: :meth:`EraCProbeState.record` and
+the key indices :meth:`EraCProbeState.next_keys` hands out), or ``None``."""
 
 
 class EraCProbeState(ProbeState):
@@ -38,12 +43,13 @@ class EraCProbeState(ProbeState):
     by hash unit for the search.
     """
 
-    __slots__ = ("_flat_keys", "_known_units", "_maybe_units")
+    __slots__ = ("_flat_keys", "_groups_codes", "_known_units", "_maybe_units")
 
     plan: EraCPlan
 
     def __init__(self, plan: EraCPlan, rounds: bool = True) -> None:
         super().__init__(plan, rounds)  # (per group and position: _answered, _present)
+        self._groups_codes: bytes | None = None  # (see _codes)
         self._flat_keys: tuple[BoolArray, BoolArray] | None = None
         """One-round mode: (answered, present) per key."""
         if self._all_at_once:
@@ -61,6 +67,18 @@ class EraCProbeState(ProbeState):
                 row[units] = False
             self._known_units = tuple(known)
             self._maybe_units = tuple(~known)
+
+    def _codes(self) -> bytes:
+        """Per group its key offset, namespaces and positions, as ``_probing_c`` reads them."""
+        codes = self._groups_codes
+        if codes is None:
+            plan = self.plan
+            prefixes = plan.geometry.prefix_bytes
+            codes = self._groups_codes = np.array(
+                [(p.key_offset, len(prefixes[p.group_id]), p.chunks.size) for p in plan.groups],
+                dtype=np.int64,
+            ).tobytes()
+        return codes
 
     def _settle(self, result: LookupResult) -> None:
         self._result = result
@@ -90,6 +108,10 @@ class EraCProbeState(ProbeState):
             self._settle(found)
             return EMPTY
         self.rounds += 1
+        if _C is not None:
+            keys = _C.keys_of(self._codes(), found, plan._units)
+            if keys is not None:
+                return np.frombuffer(keys, np.int64)
         wanted: list[IntArray] = []
         prefixes = plan.geometry.prefix_bytes
         for probe, units, probed_units in zip(plan.groups, found, plan._units):
@@ -118,6 +140,17 @@ class EraCProbeState(ProbeState):
             known_present[idx] = np.asarray(present, dtype=bool)
             return
         plan = self.plan
+        if _C is not None:  # (False: not recorded there; the loop below does, or raises)
+            indices = (
+                np.arange(key_indices.start, key_indices.stop, dtype=np.int64)
+                if isinstance(key_indices, range)
+                else np.asarray(key_indices, dtype=np.int64)
+            )
+            if _C.record(
+                self._codes(), indices, present, self._answered, self._present, plan._units,
+                self._known_units, self._maybe_units,
+            ):
+                return
         prefixes = plan.geometry.prefix_bytes
         counts = [len(prefixes[probe.group_id]) for probe in plan.groups]
         for group, pos, got in group_answers(plan.groups, counts, key_indices, present):

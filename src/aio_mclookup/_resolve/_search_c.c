@@ -11,6 +11,11 @@
  *       present, known: per store group one bool per request hash (known: None when every
  *           presence is known), unknown units counting as present;
  *       depends: per spec-group the unknown units noted, ascending and unique, as int64 bytes.
+ *   partial(codes, present, known, num_tokens, window, scouts) -> (hit, wanted) or None
+ *       era_c.era_c_partial's search (lazy when window >= 0) and its choice of what to probe
+ *       next: wanted is None when the hit is exact, else per store group the units to probe
+ *       (int64 bytes; at most `window` per spec-group, a full-attention one with `scouts`
+ *       units past a cut, each member group's own unknown ones).
  *       None: not searched here (a case where vLLM raises, a negative length, arrays of
  *       another shape, sizes past MAX_SIZE or a length past MAX_TOKENS): the Python search
  *       runs instead (and raises vLLM's error where there is one).
@@ -357,16 +362,87 @@ arrays_of(PyObject *seq, Py_ssize_t groups, Py_ssize_t *count, Arrays *out)
     return 1;
 }
 
+/* era_c.era_c_partial's choice of what to probe next from the units noted: per spec-group
+ * at most `window` (the lowest; a full-attention group cut there also gets `scouts` units past
+ * it), each member group's own unknown ones. Per store group, int64 bytes. */
 static PyObject *
-hit_for(PyObject *self, PyObject *args)
+wanted_units(Search *S, Arrays *known, Py_ssize_t groups, Py_ssize_t window, Py_ssize_t scouts,
+             const int64_t *members_of[], const Py_ssize_t members_count[])
+{
+    PyObject *out = PyTuple_New(groups);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t j = 0; j < groups; j++) {
+        PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+        if (!empty) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, j, empty);
+    }
+    for (int i = 0; i < S->n; i++) {
+        const Units *d = &S->g[i].depends; /* (sorted, once each) */
+        Py_ssize_t m = d->n, keep = m, step = 1, ahead_from = m, ahead_to = m;
+        if (!m)
+            continue;
+        if (window >= 0 && m > window) {
+            keep = window;
+            if (scouts && S->g[i].kind == FULL) {
+                step = window / 2 > 1 ? window / 2 : 1;
+                ahead_from = window + step - 1;
+                ahead_to = window + scouts * step < m ? window + scouts * step : m;
+            }
+        }
+        int64_t *mine = malloc((size_t)m * sizeof(int64_t));
+        if (!mine) {
+            Py_DECREF(out);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t k = 0; k < members_count[i]; k++) {
+            int64_t gid = members_of[i][k];
+            const uint8_t *kn = known->views[gid].buf;
+            Py_ssize_t n = 0;
+            for (Py_ssize_t j = 0; j < keep; j++)
+                if (!kn[d->v[j]])
+                    mine[n++] = d->v[j];
+            for (Py_ssize_t j = ahead_from; j < ahead_to; j += step)
+                if (!kn[d->v[j]])
+                    mine[n++] = d->v[j];
+            if (!n)
+                continue;
+            PyObject *b = PyBytes_FromStringAndSize((const char *)mine, n * (Py_ssize_t)sizeof(int64_t));
+            if (!b) {
+                free(mine);
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyObject *was = PyTuple_GET_ITEM(out, gid);
+            PyTuple_SET_ITEM(out, gid, b);
+            Py_DECREF(was);
+        }
+        free(mine);
+    }
+    return out;
+}
+
+static PyObject *
+search(PyObject *args, int partial)
 {
     Py_buffer codes;
     PyObject *present_obj, *known_obj, *result = NULL;
-    Py_ssize_t num_tokens;
+    Py_ssize_t num_tokens, window = -1, scouts = 0;
     int lazy;
-    if (!PyArg_ParseTuple(args, "y*OOnp:hit_for", &codes, &present_obj, &known_obj, &num_tokens,
-                          &lazy))
+    const int64_t *members_of[MAX_GROUPS];
+    Py_ssize_t members_count[MAX_GROUPS];
+    if (partial) {
+        if (!PyArg_ParseTuple(args, "y*OOnnn:partial", &codes, &present_obj, &known_obj,
+                              &num_tokens, &window, &scouts))
+            return NULL;
+        lazy = window >= 0;
+    } else if (!PyArg_ParseTuple(args, "y*OOnp:hit_for", &codes, &present_obj, &known_obj,
+                                 &num_tokens, &lazy)) {
         return NULL;
+    }
     Search *S = calloc(1, sizeof(Search));
     Arrays present = {.held = 0}, known = {.held = 0};
     if (!S) {
@@ -429,6 +505,8 @@ hit_for(PyObject *self, PyObject *args)
         for (Py_ssize_t m = 0; m < members; m++)
             if (c[m] < 0 || c[m] >= groups)
                 goto unsupported;
+        members_of[i] = c;
+        members_count[i] = members;
         const uint8_t *first = present.views[c[0]].buf;
         const uint8_t *first_known = known.held ? known.views[c[0]].buf : NULL;
         if (members == 1) {
@@ -469,9 +547,7 @@ hit_for(PyObject *self, PyObject *args)
     }
     if (S->bail)
         goto unsupported;
-    PyObject *depends = PyTuple_New(S->n);
-    if (!depends)
-        goto done;
+    int noted = 0;
     for (int i = 0; i < S->n; i++) {
         Units *d = &S->g[i].depends;
         Py_ssize_t kept = 0;
@@ -481,6 +557,28 @@ hit_for(PyObject *self, PyObject *args)
                 if (!kept || d->v[kept - 1] != d->v[j])
                     d->v[kept++] = d->v[j];
         }
+        d->n = kept;
+        noted = noted || kept;
+    }
+    if (partial) {
+        if (!noted) {
+            result = Py_BuildValue("(nO)", hit, Py_None);
+            goto done;
+        }
+        if (!known.held)
+            goto unsupported;
+        PyObject *wanted = wanted_units(S, &known, groups, window, scouts, members_of,
+                                        members_count);
+        if (wanted)
+            result = Py_BuildValue("(nN)", hit, wanted);
+        goto done;
+    }
+    PyObject *depends = PyTuple_New(S->n);
+    if (!depends)
+        goto done;
+    for (int i = 0; i < S->n; i++) {
+        Units *d = &S->g[i].depends;
+        Py_ssize_t kept = d->n;
         PyObject *b = PyBytes_FromStringAndSize((const char *)d->v, kept * (Py_ssize_t)sizeof(int64_t));
         if (!b) {
             Py_DECREF(depends);
@@ -506,7 +604,23 @@ done:
     return result;
 }
 
+static PyObject *
+hit_for(PyObject *self, PyObject *args)
+{
+    return search(args, 0);
+}
+
+static PyObject *
+partial(PyObject *self, PyObject *args)
+{
+    return search(args, 1);
+}
+
 static PyMethodDef methods[] = {
+    {"partial", partial, METH_VARARGS,
+     "partial(codes, present, known, num_tokens, window, scouts): era_c_partial's search and "
+     "its choice of units: (hit, None) when exact, else (hit, per store group the units to "
+     "probe next as int64 bytes); None where the Python search must run. window < 0: none."},
     {"hit_for", hit_for, METH_VARARGS,
      "hit_for(codes, present, known, num_tokens, lazy): vLLM 0.32 / 0.33's hit and, per "
      "spec-group, the unknown units it rests on; None where the Python search must run."},

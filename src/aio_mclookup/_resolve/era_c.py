@@ -347,6 +347,19 @@ def era_c_partial(
     so that an absent one bounds the next window (its keys would be wasted past the miss)."""
     rules = geometry.rules
     assert rules is not None
+    if _C is not None and 0 <= num_tokens < _LARGEST:  # the search and the choice below, in C
+        codes = rules.search_codes
+        if codes is None:
+            codes = rules.search_codes = _search_codes(geometry, rules)
+        found = _C.partial(
+            codes, tuple(present), tuple(known), num_tokens, -1 if window is None else window,
+            scouts,
+        )
+        if found is not None:  # (None: a case where vLLM raises, which the Python says)
+            hit, chosen = found
+            if chosen is not None:
+                return [np.frombuffer(units, np.int64) if units else _NONE for units in chosen]
+            return _exact_result(geometry, rules, hit, present, known)
     hit, depends = _search(geometry, rules, num_tokens, present, known, lazy=window is not None)
     if any(units.size for units in depends):
         wanted: list[list[IntArray]] = [[] for _ in geometry.groups]
@@ -365,6 +378,18 @@ def era_c_partial(
                 if mine.size:
                     wanted[gid].append(mine)
         return [np.concatenate(w) if len(w) > 1 else w[0] if w else _NONE for w in wanted]
+    return _exact_result(geometry, rules, hit, present, known)
+
+
+def _exact_result(
+    geometry: Geometry,
+    rules: EraCRules,
+    hit: int,
+    present: Sequence[BoolArray],
+    known: Sequence[BoolArray],
+) -> LookupResult | list[IntArray]:
+    """:func:`era_c_partial` once its hit is exact: the result, or the tail-key units it
+    still reads."""
     if hit <= 0:
         return LookupResult(0)
     boundaries = _partial_boundaries(geometry, rules, hit, present, known)
