@@ -25,8 +25,9 @@ from test_hashing import SETTINGS, reference_hashes, rows
 CHAIN = "aio_mclookup._hashing._chain_c"
 ROWS = "aio_mclookup._rows_c"
 SEARCH = "aio_mclookup._resolve._search_c"
+PROBING = "aio_mclookup._plan._probing_c"
 BUILT = importlib.util.find_spec(CHAIN) is not None
-EXTENSIONS = {name: importlib.util.find_spec(name) is not None for name in (CHAIN, ROWS, SEARCH)}
+EXTENSIONS = {name: importlib.util.find_spec(name) is not None for name in (CHAIN, ROWS, SEARCH, PROBING)}
 """Every extension setup.py builds, and whether it was built here."""
 needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
 C_CHAIN: Any = importlib.import_module(CHAIN) if BUILT else None
@@ -72,6 +73,7 @@ def test_the_env_var_selects_pure_python(value: str) -> None:
 
 def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     from aio_mclookup import _rows
+    from aio_mclookup._plan import probing_era_c
     from aio_mclookup._resolve import era_c
 
     assert (_hasher._C is not None) == (BUILT and not _native.disabled())
@@ -80,6 +82,8 @@ def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     assert _native.loaded()[ROWS] == (_rows._C is not None)
     assert (era_c._C is not None) == (EXTENSIONS[SEARCH] and not _native.disabled())
     assert _native.loaded()[SEARCH] == (era_c._C is not None)
+    assert (probing_era_c._C is not None) == (EXTENSIONS[PROBING] and not _native.disabled())
+    assert _native.loaded()[PROBING] == (probing_era_c._C is not None)
 
 
 def _both(monkeypatch: pytest.MonkeyPatch, hasher: BlockHasher, tokens: object,
