@@ -27,7 +27,9 @@ ROWS = "aio_mclookup._rows_c"
 SEARCH = "aio_mclookup._resolve._search_c"
 PROBING = "aio_mclookup._plan._probing_c"
 BUILT = importlib.util.find_spec(CHAIN) is not None
-EXTENSIONS = {name: importlib.util.find_spec(name) is not None for name in (CHAIN, ROWS, SEARCH, PROBING)}
+EXTENSIONS = {
+    name: importlib.util.find_spec(name) is not None for name in (CHAIN, ROWS, SEARCH, PROBING)
+}
 """Every extension setup.py builds, and whether it was built here."""
 needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
 C_CHAIN: Any = importlib.import_module(CHAIN) if BUILT else None
