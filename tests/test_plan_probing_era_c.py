@@ -129,3 +129,23 @@ def test_keys_of_maps_units_to_their_keys() -> None:
     overlapping = np.array([(0, 1, 3), (1, 2, 2)], dtype=np.int64).tobytes()
     late = [np.array([4], dtype=np.int64), np.array([1], dtype=np.int64)]
     assert C_PROBING.keys_of(overlapping, late, units) is None  # (keys 2, then 1: not ascending)
+
+
+@needs_build
+def test_what_the_second_review_found() -> None:
+    """Inputs an independent review found the first bookkeeping twin took otherwise than the
+    Python code: now handed back."""
+    huge = np.array([(0, 2**61, 1)], dtype=np.int64).tobytes()  # (a namespace count past any)
+    one = (np.array([0], dtype=np.int64),)
+    assert C_PROBING.keys_of(huge, [np.array([0], dtype=np.int64)], one) is None
+    # A round of no units (a window of 0): the Python code says what it is (it raises).
+    layout = mcl.KVLayout([mcl.FullAttention(4), mcl.SlidingWindow(4, sliding_window=8)],
+                          model="m", hash_block_size=4, scheduler_block_size=4)
+    plan = layout.plan(32, [b"h%d" % i for i in range(8)])
+    with pytest.raises(ValueError):
+        probe_state(plan).next_keys(0)
+    codes = np.array([(2, 1, 3)], dtype=np.int64).tobytes()
+    arrays = ((np.zeros(3, dtype=bool),), (np.zeros(3, dtype=bool),),
+              (np.arange(3, dtype=np.int64),), (np.zeros(3, dtype=bool),),
+              (np.zeros(3, dtype=bool),))
+    assert C_PROBING.record(codes, np.array([-2**63], dtype=np.int64), [1.0], *arrays) is False

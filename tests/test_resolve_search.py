@@ -189,3 +189,24 @@ def test_the_twin_chooses_the_units_the_python_chooses(
     args = (geometry, num_tokens, present, known, window, scouts)
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert _partial(monkeypatch, True, *args) == _partial(monkeypatch, False, *args)
+
+
+@needs_build
+def test_partial_hands_back_windows_and_scouts_no_round_has() -> None:
+    """Found by the second review: the Python code reads these otherwise (a negative slice
+    stop, a lazy search cut at a negative window); no round passes them, the twin hands them
+    back."""
+    lone = mcl.KVLayout([mcl.FullAttention(4)], model="m", hash_block_size=4,
+                        scheduler_block_size=4)
+    g = lone._geometry
+    codes = era_c._search_codes(g, g.rules)
+    present, known = (np.ones(20, dtype=bool),), (np.zeros(20, dtype=bool),)
+    assert C_SEARCH.partial(codes, present, known, 80, 1, 4) is not None
+    for window, scouts in ((1, -3), (1, 2**62), (-2, 0)):
+        assert C_SEARCH.partial(codes, present, known, 80, window, scouts) is None
+    # A store group in two spec-groups (only hand-made codes have that): handed back.
+    twice = np.frombuffer(codes, dtype=np.int64).tolist()
+    twice[4] = 2
+    twice += twice[5:]
+    doubled = np.array(twice, dtype=np.int64).tobytes()
+    assert C_SEARCH.partial(doubled, present, known, 80, 1, 0) is None

@@ -29,6 +29,8 @@
 #include <string.h>
 
 #define MAX_GROUPS 64
+#define MAX_SIZE ((int64_t)1 << 30) /* offsets, positions, namespaces and keys taken here: their
+                                       products and sums stay far within int64 */
 
 /* A buffer of `format` (one char, any byte order prefix of native order) and 1 dimension. */
 static int
@@ -155,7 +157,8 @@ record(PyObject *self, PyObject *args)
     Py_ssize_t lo[MAX_GROUPS], hi[MAX_GROUPS];
     for (Py_ssize_t i = 0; i < g; i++) { /* every check first: nothing written if one fails */
         int64_t offset = spec[3 * i], k = spec[3 * i + 1], size = spec[3 * i + 2];
-        if (k < 1 || size < 0 || offset < 0)
+        if (k < 1 || k > MAX_SIZE || size < 0 || size > MAX_SIZE || offset < 0
+            || offset > MAX_SIZE)
             goto done;
         if (!(answered[i] = hold(&h, PyTuple_GET_ITEM(answered_obj, i), 1, "?", 1))
             || !(present_at[i] = hold(&h, PyTuple_GET_ITEM(present_at_obj, i), 1, "?", 1))
@@ -180,10 +183,9 @@ record(PyObject *self, PyObject *args)
             goto done; /* (not whole positions: the Python method raises) */
         const int64_t *unit = units[i]->buf;
         for (Py_ssize_t j = lo[i]; j < hi[i]; j += k) {
-            int64_t at = keys[j] - offset;
-            if (at < 0)
+            if (keys[j] < offset)
                 goto done;
-            at /= k;
+            int64_t at = (keys[j] - offset) / k;
             if (at >= positions || unit[at] < 0 || unit[at] >= known[i]->len)
                 goto done;
         }
@@ -236,10 +238,15 @@ keys_of(PyObject *self, PyObject *args)
             || !(units[i] = hold(&h, PyTuple_GET_ITEM(units_obj, i), 0, "lq", 8)))
             goto done;
         int64_t k = spec[3 * i + 1];
-        if (k < 1 || spec[3 * i] < 0)
+        if (k < 1 || k > MAX_SIZE || spec[3 * i] < 0 || spec[3 * i] > MAX_SIZE
+            || found[i]->len / 8 > MAX_SIZE)
             goto done;
         total += found[i]->len / 8 * k;
+        if (total > MAX_SIZE)
+            goto done;
     }
+    if (!total)
+        goto done; /* (no key: the Python code says what that round is) */
     PyObject *out = PyBytes_FromStringAndSize(NULL, total * 8);
     if (!out)
         goto done;

@@ -438,6 +438,10 @@ search(PyObject *args, int partial)
         if (!PyArg_ParseTuple(args, "y*OOnnn:partial", &codes, &present_obj, &known_obj,
                               &num_tokens, &window, &scouts))
             return NULL;
+        if (window < -1 || window > MAX_SIZE || scouts < 0 || scouts > 64) {
+            PyBuffer_Release(&codes);
+            Py_RETURN_NONE; /* (not a round's window or scouts: the Python code's) */
+        }
         lazy = window >= 0;
     } else if (!PyArg_ParseTuple(args, "y*OOnp:hit_for", &codes, &present_obj, &known_obj,
                                  &num_tokens, &lazy)) {
@@ -464,6 +468,7 @@ search(PyObject *args, int partial)
         || S->n > MAX_GROUPS || !PyTuple_Check(present_obj) || num_tokens > MAX_TOKENS)
         goto unsupported;
     Py_ssize_t groups = PyTuple_GET_SIZE(present_obj), count = -1;
+    uint64_t claimed = 0;
     if (groups < 1 || groups > MAX_GROUPS)
         goto unsupported;
     int got = arrays_of(present_obj, groups, &count, &present);
@@ -505,6 +510,11 @@ search(PyObject *args, int partial)
         for (Py_ssize_t m = 0; m < members; m++)
             if (c[m] < 0 || c[m] >= groups)
                 goto unsupported;
+        for (Py_ssize_t m = 0; m < members; m++) { /* each store group in one spec-group */
+            if (claimed & ((uint64_t)1 << c[m]))
+                goto unsupported;
+            claimed |= (uint64_t)1 << c[m];
+        }
         members_of[i] = c;
         members_count[i] = members;
         const uint8_t *first = present.views[c[0]].buf;
