@@ -472,19 +472,12 @@ search(PyObject *args, int partial)
     if (groups < 1 || groups > MAX_GROUPS)
         goto unsupported;
     int got = arrays_of(present_obj, groups, &count, &present);
-    if (got <= 0) {
-        if (got < 0)
-            goto done;
-        goto unsupported;
-    }
-    if (known_obj != Py_None) {
+    if (got > 0 && known_obj != Py_None)
         got = arrays_of(known_obj, groups, &count, &known);
-        if (got <= 0) {
-            if (got < 0)
-                goto done;
-            goto unsupported;
-        }
-    }
+    if (got < 0)
+        goto done;
+    if (got == 0)
+        goto unsupported;
     if (count > MAX_SIZE)
         goto unsupported;
     S->count = count;
@@ -507,11 +500,8 @@ search(PyObject *args, int partial)
             || g->need_eagle > MAX_SIZE)
             goto unsupported;
         g->s = g->block / S->h;
-        for (Py_ssize_t m = 0; m < members; m++)
-            if (c[m] < 0 || c[m] >= groups)
-                goto unsupported;
         for (Py_ssize_t m = 0; m < members; m++) { /* each store group in one spec-group */
-            if (claimed & ((uint64_t)1 << c[m]))
+            if (c[m] < 0 || c[m] >= groups || (claimed & ((uint64_t)1 << c[m])))
                 goto unsupported;
             claimed |= (uint64_t)1 << c[m];
         }

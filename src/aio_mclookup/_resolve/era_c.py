@@ -272,16 +272,26 @@ def _search(
 ) -> tuple[int, list[IntArray]]:
     """:meth:`_Search.hit_for`, compiled where it can be: the hit, and per spec-group the
     unknown units it rests on (ascending, once each; every one empty when the hit is exact)."""
-    if _C is not None and 0 <= num_tokens < _LARGEST:
-        codes = rules.search_codes
-        if codes is None:
-            codes = rules.search_codes = _search_codes(geometry, rules)
+    codes = _compiled(geometry, rules, num_tokens)
+    if codes is not None:
         found = _C.hit_for(
             codes, tuple(present), None if known is None else tuple(known), num_tokens, lazy
         )
         if found is not None:  # (None: a case where vLLM raises, which the class below says)
             hit, noted = found
             return hit, [np.frombuffer(units, np.int64) if units else _NONE for units in noted]
+    return _python_search(geometry, rules, num_tokens, present, known, lazy)
+
+
+def _python_search(
+    geometry: Geometry,
+    rules: EraCRules,
+    num_tokens: int,
+    present: Sequence[BoolArray],
+    known: Sequence[BoolArray] | None,
+    lazy: bool,
+) -> tuple[int, list[IntArray]]:
+    """:func:`_search` by :class:`_Search` (the reference)."""
     search = _Search(geometry, rules, present, known, lazy)
     hit = search.hit_for(num_tokens)
     depends = [
@@ -290,6 +300,17 @@ def _search(
         for noted in search.depends
     ]
     return hit, depends
+
+
+def _compiled(geometry: Geometry, rules: EraCRules, num_tokens: int) -> bytes | None:
+    """The rules' codes for the compiled search (built once per layout), or None when it
+    does not run: not built, or a length it does not take."""
+    if _C is None or not 0 <= num_tokens < _LARGEST:
+        return None
+    codes = rules.search_codes
+    if codes is None:
+        codes = rules.search_codes = _search_codes(geometry, rules)
+    return codes
 
 
 def _search_codes(geometry: Geometry, rules: EraCRules) -> bytes:
@@ -347,10 +368,8 @@ def era_c_partial(
     so that an absent one bounds the next window (its keys would be wasted past the miss)."""
     rules = geometry.rules
     assert rules is not None
-    if _C is not None and 0 <= num_tokens < _LARGEST:  # the search and the choice below, in C
-        codes = rules.search_codes
-        if codes is None:
-            codes = rules.search_codes = _search_codes(geometry, rules)
+    codes = _compiled(geometry, rules, num_tokens)
+    if codes is not None:  # the search and the choice below, in C
         found = _C.partial(
             codes, tuple(present), tuple(known), num_tokens, -1 if window is None else window,
             scouts,
@@ -360,7 +379,7 @@ def era_c_partial(
             if chosen is not None:
                 return [np.frombuffer(units, np.int64) if units else _NONE for units in chosen]
             return _exact_result(geometry, rules, hit, present, known)
-    hit, depends = _search(geometry, rules, num_tokens, present, known, lazy=window is not None)
+    hit, depends = _python_search(geometry, rules, num_tokens, present, known, window is not None)
     if any(units.size for units in depends):
         wanted: list[list[IntArray]] = [[] for _ in geometry.groups]
         for sg, units in zip(rules.spec_groups, depends):
