@@ -18,6 +18,13 @@ setup(
             optional=True,
         ),
         Extension(
+            "aio_mclookup._coordinator._repeats_c",
+            ["src/aio_mclookup/_coordinator/_repeats_c.c"],
+            extra_compile_args=["-O3", "-pthread"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
+        Extension(
             "aio_mclookup._plan._probing_c",
             ["src/aio_mclookup/_plan/_probing_c.c"],
             extra_compile_args=["-O3"],

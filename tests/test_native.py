@@ -26,9 +26,11 @@ CHAIN = "aio_mclookup._hashing._chain_c"
 ROWS = "aio_mclookup._rows_c"
 SEARCH = "aio_mclookup._resolve._search_c"
 PROBING = "aio_mclookup._plan._probing_c"
+REPEATS = "aio_mclookup._coordinator._repeats_c"
 BUILT = importlib.util.find_spec(CHAIN) is not None
 EXTENSIONS = {
-    name: importlib.util.find_spec(name) is not None for name in (CHAIN, ROWS, SEARCH, PROBING)
+    name: importlib.util.find_spec(name) is not None
+    for name in (CHAIN, ROWS, SEARCH, PROBING, REPEATS)
 }
 """Every extension setup.py builds, and whether it was built here."""
 needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
@@ -38,7 +40,7 @@ C_CHAIN: Any = importlib.import_module(CHAIN) if BUILT else None
 _PROBE = """
 import json, logging
 logging.basicConfig(level=logging.DEBUG, format="%(message)s")
-from aio_mclookup import BlockHasher, _native
+from aio_mclookup import BlockHasher, LookupCoordinator, _native
 BlockHasher(16).hash(list(range(64)))
 print(json.dumps(_native.loaded()))
 """
@@ -75,6 +77,7 @@ def test_the_env_var_selects_pure_python(value: str) -> None:
 
 def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     from aio_mclookup import _rows
+    from aio_mclookup._coordinator import shell
     from aio_mclookup._plan import probing_era_c
     from aio_mclookup._resolve import era_c
 
@@ -86,6 +89,8 @@ def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     assert _native.loaded()[SEARCH] == (era_c._C is not None)
     assert (probing_era_c._C is not None) == (EXTENSIONS[PROBING] and not _native.disabled())
     assert _native.loaded()[PROBING] == (probing_era_c._C is not None)
+    assert (shell._REPEATS is not None) == (EXTENSIONS[REPEATS] and not _native.disabled())
+    assert _native.loaded()[REPEATS] == (shell._REPEATS is not None)
 
 
 def _both(monkeypatch: pytest.MonkeyPatch, hasher: BlockHasher, tokens: object,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import _native
 from .._backend import on_asyncio
 from .._checks import integer
 from .._errors import ClosedError, Error, InvalidRequest, LookupTimeout, StoreError, error_label
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["LookupCoordinator"]
 
 logger = logging.getLogger("aio_mclookup")
+
+_REPEATS: Any = _native.load("aio_mclookup._coordinator._repeats_c")
+"""The native repeat worker's module, or ``None``: large plans prepare inline."""
 
 class _Default:
     """The type of :data:`DEFAULT`: "the coordinator's own setting" (distinct from None,
@@ -116,6 +120,9 @@ class LookupCoordinator(CoreDriver):
         self._dispatching = False  # inside _dispatch: a call-back within it sends nothing more
         self._other: AnyioShell | None = None  # the shell under anyio's other backends (trio)
         self._epochs = EpochGuard(self._core, store)
+        self._repeat_worker: Any = None
+        """The native thread testing large plans' hashes for repeats (``_repeats_c``), from
+        the first such plan on; False where it cannot run (then plans prepare inline)."""
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -194,6 +201,8 @@ class LookupCoordinator(CoreDriver):
                 await task
         self._rpc_tasks.clear()  # (a task cancelled before it started never removes itself)
         self._core.rpcs_in_flight = self._calls_in_flight  # (call-backs still to come)
+        if self._repeat_worker:
+            self._stop_repeat_worker()
 
     # --------------------------------------------------------------------------- lookups
     async def lookup(
@@ -297,6 +306,10 @@ class LookupCoordinator(CoreDriver):
                 self._admission.release(plan.num_keys)
                 if self._closed:  # (admitted, then closed before it ran)
                     raise ClosedError("the coordinator was closed")
+            if plan.needs_preparing:
+                await self._prepare(plan, deadline, limit)
+                if self._closed:  # (closed while it was being prepared)
+                    raise ClosedError("the coordinator was closed")
             waiter = loop.create_future()
             lookup = core.begin(plan, time.monotonic(), waiter)
             if deadline is not None and not lookup.done:  # a timer, not wait_for: no task
@@ -325,6 +338,59 @@ class LookupCoordinator(CoreDriver):
         assert lookup is not None
         stats.lookup_done(lookup.state.hit or 0, time.perf_counter() - started)
         return lookup
+
+    async def _prepare(self, plan: LookupPlan, deadline: float | None, limit: float | None) -> None:
+        """Prepare the plan (:meth:`LookupPlan.prepare`): its repeated-hash test runs on the
+        native worker thread while the event loop goes on with other lookups, within the
+        lookup's deadline; inline where that thread cannot run."""
+        loop = self._loop
+        assert loop is not None
+        rows = plan.hashes_to_test()
+        worker = self._repeat_worker if self._repeat_worker is not None else self._start_repeats()
+        if rows is None or not worker:
+            plan.prepare()
+            return
+        tested: asyncio.Future[bool | None] = loop.create_future()
+        worker.submit(rows, tested)
+        if deadline is None:
+            repeats = await tested
+        else:
+            try:
+                repeats = await asyncio.wait_for(tested, deadline - loop.time())
+            except asyncio.TimeoutError:
+                raise LookupTimeout(f"lookup did not finish within {limit} s") from None
+        plan.prepare(repeats)
+
+    def _start_repeats(self) -> Any:
+        """Start the repeat worker, or note (False) that it cannot run here."""
+        loop = self._loop
+        assert loop is not None
+        worker: Any = False
+        if _REPEATS is not None:
+            try:
+                worker = _REPEATS.RepeatWorker()
+                loop.add_reader(worker.fileno(), self._repeats_tested)
+            except (OSError, NotImplementedError) as exc:  # (no threads, or a loop without
+                logger.warning("aio_mclookup: testing hashes inline: %r", exc)  # readers)
+                if worker:
+                    worker.close()
+                worker = False
+        self._repeat_worker = worker
+        return worker
+
+    def _repeats_tested(self) -> None:
+        """The worker's answers: each to its lookup, unless that one gave up waiting."""
+        for tested, repeats in self._repeat_worker.collect():
+            if not tested.done():
+                tested.set_result(repeats)
+
+    def _stop_repeat_worker(self) -> None:
+        worker, self._repeat_worker = self._repeat_worker, False
+        assert self._loop is not None
+        self._loop.remove_reader(worker.fileno())
+        for tested in worker.close():  # (the lookups still waiting for it)
+            if not tested.done():
+                tested.set_exception(ClosedError("the coordinator was closed"))
 
     def _expire(self, lookup: LookupState, limit: float | None) -> None:
         self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))

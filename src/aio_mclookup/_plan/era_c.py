@@ -59,13 +59,32 @@ class EraCPlan(LookupPlan):
         self._hash_count = hash_count
         self._hash_ids: IntArray | None = None
         self._hash_source: RequestHashes | None = None
-        """A lone full-attention plan's hashes (a snapshot) until :attr:`hash_ids` reads them:
-        probed in rounds as a prefix, it never needs them. Other plans always do: found now."""
+        """The hashes (a snapshot) until :attr:`hash_ids` reads them: a lone full-attention
+        plan, probed in rounds as a prefix, never needs them; another plan does, at once
+        unless its hashes are an immutable array of at least :data:`_PREPARED_HASHES` rows
+        (then :meth:`prepare` finds them, on the coordinator's worker thread)."""
         if hash_source is not None:
             if self.single_full_attention:
                 self._hash_source = hash_source.snapshot()
+            elif hash_source.count >= _PREPARED_HASHES and hash_source.immutable_array:
+                self._hash_source = hash_source
             else:
                 self._hash_ids = _hash_ids(hash_source)
+
+    @property
+    def needs_preparing(self) -> bool:
+        return self._hash_source is not None and not self._lone
+
+    def hashes_to_test(self) -> npt.NDArray[np.uint8] | None:
+        source = self._hash_source
+        return source.array if source is not None and not self._lone else None
+
+    def prepare(self, repeats: bool | None = None) -> None:
+        """Find :attr:`hash_ids`: none when ``repeats`` is False, else by the test here."""
+        if repeats is False and self._hash_source is not None:
+            self._hash_ids = None
+            self._hash_source = None
+        self.hash_ids  # noqa: B018 (computed and kept by the property)
 
     @property
     def hash_ids(self) -> IntArray | None:
@@ -248,6 +267,12 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
         hashes if offset else None,
         short,
     )
+
+
+_PREPARED_HASHES = 4096
+"""From this many hashes (an immutable array), a plan that needs the repeated-hash test leaves
+it to :meth:`EraCPlan.prepare`: reading a large cold array and sorting its fingerprints then
+costs far more than handing it to a worker thread (docs/design.md, "Preparing large plans")."""
 
 
 def _hash_ids(hashes: RequestHashes) -> IntArray | None:

@@ -63,6 +63,12 @@ class RequestHashes:
             self.bytes_only = items is not None and set(map(type, items)) <= {bytes}
         return self.bytes_only
 
+    @property
+    def immutable_array(self) -> bool:
+        """The hashes are an array nobody can write to (a view of ``bytes``): reading them
+        later needs no copy."""
+        return self.array is not None and _immutable(self.array)
+
     def snapshot(self) -> RequestHashes:
         """These hashes as they are now, safe to read later: the caller may reuse its list or
         array once planning returns (a sequence is copied as a tuple, every other bytes-like

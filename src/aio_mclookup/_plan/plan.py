@@ -86,6 +86,21 @@ class LookupPlan:
 
 
     @property
+    def needs_preparing(self) -> bool:
+        """Work is left before probing (:meth:`prepare`), which the coordinator keeps off
+        its event loop where it can."""
+        return False
+
+    def hashes_to_test(self) -> npt.NDArray[np.uint8] | None:
+        """The hash rows whose repeated-hash test :meth:`prepare` would run (an array nobody
+        writes to), or None."""
+        return None
+
+    def prepare(self, repeats: bool | None = None) -> None:
+        """Do that work now; ``repeats`` is the verdict of the repeated-hash test of
+        :meth:`hashes_to_test` when it ran elsewhere (False: no two rows are equal)."""
+
+    @property
     def groups(self) -> tuple[GroupProbe, ...]:
         """Per-group probe details."""
         return self._groups

@@ -1,0 +1,212 @@
+"""Large plans' repeated-hash test off the event loop (``_coordinator/_repeats_c.c`` and the
+shell's preparation of plans): the native test agrees with ``_rows.rows_repeat``, the worker
+hands every job back once, and lookups through it (or inline, on the pure-Python path and
+under trio) give the plan's own results."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import select
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import aio_mclookup as mcl
+from aio_mclookup._coordinator import shell
+from aio_mclookup._rows import rows_repeat
+from helpers import chain
+
+BUILT = importlib.util.find_spec("aio_mclookup._coordinator._repeats_c") is not None
+needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
+C: Any = importlib.import_module("aio_mclookup._coordinator._repeats_c") if BUILT else None
+
+DSV4_LIKE = mcl.KVLayout(
+    [mcl.FullAttention(256), mcl.SlidingWindow(64, sliding_window=128),
+     mcl.SlidingWindow(4, sliding_window=8), mcl.SlidingWindow(8, sliding_window=128)],
+    model="deepseek-ai/DeepSeek-V4-Pro", hash_block_size=4, scheduler_block_size=256,
+    vllm_version="0.33.0",
+)
+
+
+def _frozen(hashes: list[bytes]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """The hashes as an array nobody can write to (a view of bytes): what the router passes."""
+    return np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(len(hashes), -1)
+
+
+# ------------------------------------------------------------------------- the native test
+@needs_build
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 300), width=st.integers(0, 40),
+       values=st.sampled_from([2, 4, 256]), pad=st.integers(0, 3))
+def test_the_native_test_agrees_with_rows_repeat(
+    data: st.DataObject, n: int, width: int, values: int, pad: int
+) -> None:
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    wide = rng.integers(0, values, size=(n, width + pad), dtype=np.uint8)
+    rows = wide[:, :width]  # (rows apart by more than their width when padded)
+    if n > 2 and data.draw(st.booleans()):
+        rows[rng.integers(n)] = rows[rng.integers(n)]
+    assert C.repeats(rows) is rows_repeat(rows)
+
+
+@needs_build
+def test_rows_crafted_to_collide_get_no_verdict_at_bounded_cost() -> None:
+    # width 16: the mix is ((s ^ w0) * M ^ w1) * M, so w1 = (s ^ w0) * M ^ c collides for all
+    s, m = 0x9E3779B97F4A7C15, 0xFF51AFD7ED558CCD
+    w0 = np.arange(1, 32769, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        w1 = ((np.uint64(s) ^ w0) * np.uint64(m)) ^ np.uint64(12345)
+    rows = np.stack([w0, w1], axis=1).view(np.uint8).reshape(32768, 16)
+    assert not rows_repeat(rows)
+    assert C.repeats(rows) is None  # (gave up after a bounded probe sequence)
+
+
+@needs_build
+def test_the_native_test_refuses_other_shapes() -> None:
+    for bad in (np.zeros(8, dtype=np.uint8), np.zeros((2, 2), dtype=np.uint16),
+                np.zeros((4, 4), dtype=np.uint8)[::-1]):
+        with pytest.raises(ValueError, match="2-D array of uint8"):
+            C.repeats(bad)
+    worker = C.RepeatWorker()
+    try:
+        with pytest.raises(ValueError, match="2-D array of uint8"):
+            worker.submit(np.zeros(8, dtype=np.uint8), "t")
+    finally:
+        assert worker.close() == []
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.submit(np.zeros((2, 2), dtype=np.uint8), "t")
+    with pytest.raises(TypeError):
+        C.RepeatWorker(1)
+
+
+# ------------------------------------------------------------------------------ the worker
+@needs_build
+def test_the_worker_hands_every_test_back_once() -> None:
+    rng = np.random.default_rng(5)
+    arrays = [rng.integers(0, 256, size=(int(n), 32), dtype=np.uint8)
+              for n in rng.integers(0, 5000, 40)]
+    for i in range(0, 40, 3):
+        if len(arrays[i]) > 1:
+            arrays[i][-1] = arrays[i][0]
+    worker = C.RepeatWorker()
+    try:
+        for i, rows in enumerate(arrays):
+            worker.submit(rows, i)
+        got: dict[int, bool] = {}
+        while len(got) < len(arrays):
+            readable, _, _ = select.select([worker.fileno()], [], [], 10)
+            assert readable, "the worker stalled"
+            for token, repeats in worker.collect():
+                assert token not in got
+                got[token] = repeats
+        assert got == {i: rows_repeat(rows) for i, rows in enumerate(arrays)}
+        assert worker.collect() == []
+    finally:
+        assert worker.close() == []
+
+
+@needs_build
+def test_closing_the_worker_returns_the_tests_not_handed_back() -> None:
+    big = np.random.default_rng(6).integers(0, 256, size=(200_000, 32), dtype=np.uint8)
+    worker = C.RepeatWorker()
+    for i in range(20):
+        worker.submit(big, i)
+    left = worker.close()
+    assert sorted(left) == list(range(20))  # (none collected: all handed back here)
+    assert worker.collect() == []
+
+
+# ------------------------------------------------------------------------ through lookups
+LOOPS = ["asyncio", "trio"]
+
+
+def _expected(layout: mcl.KVLayout, num_tokens: int, hashes: list[bytes],
+              store: mcl.FakeStore) -> mcl.LookupResult:
+    plan = layout.plan(num_tokens, hashes)
+    return plan.resolve_result([1 if key in store.present else 0 for key in plan.keys])
+
+
+@pytest.mark.parametrize("backend", LOOPS)
+@pytest.mark.parametrize("repeated", [False, True])
+def test_large_plans_prepared_off_the_loop_give_the_plans_own_results(
+    backend: str, repeated: bool
+) -> None:
+    hashes = chain(8192, b"doc")
+    if repeated:  # a hash repeated far from its first place: one round, vLLM's presence
+        hashes[6000] = hashes[100]
+    stored = DSV4_LIKE.plan(5000 * 4, hashes[:5000]).keys
+    store = mcl.FakeStore(stored)
+    lengths = [8192 * 4, 7000 * 4 + 3, 5000 * 4, 3000 * 4 + 17, 26000]
+    want = [_expected(DSV4_LIKE, n, hashes, store) for n in lengths]
+
+    async def main() -> None:
+        async with mcl.LookupCoordinator(DSV4_LIKE, store) as coord:
+            got = []
+            for n in lengths:  # (an immutable array: prepared off the loop where it can be)
+                got.append(await coord.lookup_result(n, _frozen(hashes[: n // 4 + 5])))
+            results = await asyncio.gather(*(
+                coord.lookup_result(n, _frozen(hashes)) for n in lengths
+            )) if backend == "asyncio" else got
+            worker = coord._repeat_worker
+        assert got == want
+        assert list(results) == want
+        if backend == "asyncio":  # trio prepares inline; so does the pure-Python path
+            assert bool(worker) == (shell._REPEATS is not None)
+            assert coord._repeat_worker is False  # (stopped at close)
+
+    anyio.run(main, backend=backend)
+
+
+async def test_a_lookup_given_up_while_its_hashes_are_tested_hurts_no_other() -> None:
+    hashes = chain(8192, b"doc")
+    store = mcl.FakeStore(DSV4_LIKE.plan(4000 * 4, hashes[:4000]).keys)
+    want = _expected(DSV4_LIKE, 8192 * 4, hashes, store)
+    async with mcl.LookupCoordinator(DSV4_LIKE, store) as coord:
+        rows = _frozen(hashes)
+        tasks = [asyncio.create_task(coord.lookup_result(8192 * 4, rows)) for _ in range(6)]
+        await asyncio.sleep(0)  # (each is waiting for its test, or past it)
+        tasks[0].cancel()
+        tasks[3].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[0], asyncio.CancelledError)
+        assert isinstance(done[3], asyncio.CancelledError)
+        assert [done[i] for i in (1, 2, 4, 5)] == [want] * 4
+        assert await coord.lookup_result(8192 * 4, rows) == want
+        if coord._repeat_worker:  # the deadline holds while the test runs on the worker
+            with pytest.raises(mcl.LookupTimeout):
+                await coord.lookup_result(8192 * 4, rows, timeout=1e-9)
+
+
+async def test_closing_while_hashes_are_tested_fails_those_lookups_with_closed_error() -> None:
+    hashes = chain(8192, b"doc")
+    store = mcl.FakeStore([])
+    coord = mcl.LookupCoordinator(DSV4_LIKE, store)
+    async with coord:
+        tasks = [asyncio.create_task(coord.lookup(8192 * 4, _frozen(hashes))) for _ in range(4)]
+        await asyncio.sleep(0)
+        await coord.aclose()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(d, mcl.ClosedError) for d in done), done
+
+
+def test_small_or_writable_hashes_are_tested_at_once() -> None:
+    hashes = chain(8192, b"doc")
+    assert DSV4_LIKE.plan(8192 * 4, _frozen(hashes)).needs_preparing
+    assert DSV4_LIKE.plan(8192 * 4, _frozen(hashes)).hashes_to_test() is not None
+    writable = _frozen(hashes).copy()
+    assert not DSV4_LIKE.plan(8192 * 4, writable).needs_preparing  # (read now: it may change)
+    assert not DSV4_LIKE.plan(8192 * 4, hashes).needs_preparing  # (a list: read now)
+    assert not DSV4_LIKE.plan(1000 * 4, _frozen(hashes[:1000])).needs_preparing  # (small)
+    plan = DSV4_LIKE.plan(8192 * 4, _frozen(hashes))
+    plan.prepare()
+    assert not plan.needs_preparing and plan.hash_ids is None
+    repeated = list(hashes)
+    repeated[7000] = repeated[3]
+    plan = DSV4_LIKE.plan(8192 * 4, _frozen(repeated))
+    plan.prepare(True)  # (a verdict of repeats: the ids are found here)
+    assert plan.hash_ids is not None and plan.hash_ids[7000] == 3
