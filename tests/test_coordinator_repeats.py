@@ -210,3 +210,34 @@ def test_small_or_writable_hashes_are_tested_at_once() -> None:
     plan = DSV4_LIKE.plan(8192 * 4, _frozen(repeated))
     plan.prepare(True)  # (a verdict of repeats: the ids are found here)
     assert plan.hash_ids is not None and plan.hash_ids[7000] == 3
+
+
+async def test_admission_holds_while_plans_are_prepared() -> None:
+    hashes = chain(8192, b"doc")
+    store = mcl.FakeStore(DSV4_LIKE.plan(4000 * 4, hashes[:4000]).keys, delay=0.002)
+    want = _expected(DSV4_LIKE, 8192 * 4, hashes, store)
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, len(coord._core.lookups))
+            await asyncio.sleep(0)
+
+    async with mcl.LookupCoordinator(DSV4_LIKE, store, max_pending_lookups=1) as coord:
+        watcher = asyncio.create_task(watch())
+        rows = _frozen(hashes)
+        done = await asyncio.gather(*(coord.lookup_result(8192 * 4, rows) for _ in range(4)))
+        watcher.cancel()
+    assert done == [want] * 4
+    assert peak == 1
+
+
+async def test_views_the_worker_does_not_read_are_prepared_inline() -> None:
+    hashes = chain(8192, b"doc")
+    store = mcl.FakeStore(DSV4_LIKE.plan(4000 * 4, hashes[:4000]).keys)
+    reversed_rows = _frozen(hashes[::-1])[::-1]  # (the hashes in order, a negative stride)
+    assert reversed_rows.strides[0] < 0
+    want = _expected(DSV4_LIKE, 8192 * 4, hashes, store)
+    async with mcl.LookupCoordinator(DSV4_LIKE, store) as coord:
+        assert await coord.lookup_result(8192 * 4, reversed_rows) == want

@@ -9,8 +9,8 @@
  *     .collect() -> [(token, repeats)]   the tests done since, in any order; repeats is a
  *                                 bool, or None when the worker could not tell (no memory,
  *                                 rows crafted to collide)
- *     .close() -> [token]         stop the thread (after its current test); the tokens of the
- *                                 tests never done
+ *     .close() -> [token]         stop the thread (after its current test, which the caller
+ *                                 waits for); the tokens of the tests not collected
  *
  * The test: each row into an open-addressing table keyed by a multiply-xor mix of its bytes;
  * a row whose mix matches an earlier one's is compared whole (memcmp). Exact: True iff two
@@ -277,21 +277,36 @@ worker_collect(Worker *w, PyObject *Py_UNUSED(unused))
     while (w->read_fd >= 0 && read(w->read_fd, drain, sizeof drain) > 0)
         ;
     pthread_mutex_lock(&w->lock);
-    Job *job = w->done;
+    Job *jobs = w->done;
     w->done = NULL;
     pthread_mutex_unlock(&w->lock);
     PyObject *out = PyList_New(0);
-    while (job) {
-        Job *next = job->next;
-        if (out) {
-            PyObject *verdict = job->repeats < 0 ? Py_None : job->repeats ? Py_True : Py_False;
-            PyObject *pair = PyTuple_Pack(2, job->token, verdict);
-            if (!pair || PyList_Append(out, pair) < 0)
-                Py_CLEAR(out);
-            Py_XDECREF(pair);
+    for (Job *job = jobs; job && out; job = job->next) {
+        PyObject *verdict = job->repeats < 0 ? Py_None : job->repeats ? Py_True : Py_False;
+        PyObject *pair = PyTuple_Pack(2, job->token, verdict);
+        if (!pair || PyList_Append(out, pair) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(pair);
+    }
+    if (!out) { /* (no memory) the jobs go back, to be collected at the next wake */
+        if (jobs) {
+            Job *last = jobs;
+            while (last->next)
+                last = last->next;
+            pthread_mutex_lock(&w->lock);
+            last->next = w->done;
+            w->done = jobs;
+            pthread_mutex_unlock(&w->lock);
+            char byte = 1;
+            ssize_t ignored = write(w->write_fd, &byte, 1);
+            (void)ignored;
         }
-        release(job);
-        job = next;
+        return NULL;
+    }
+    while (jobs) {
+        Job *next = jobs->next;
+        release(jobs);
+        jobs = next;
     }
     return out;
 }

@@ -123,6 +123,8 @@ class LookupCoordinator(CoreDriver):
         self._repeat_worker: Any = None
         """The native thread testing large plans' hashes for repeats (``_repeats_c``), from
         the first such plan on; False where it cannot run (then plans prepare inline)."""
+        self._testing: set[asyncio.Future[bool | None]] = set()
+        """The verdicts lookups await from it."""
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -301,15 +303,22 @@ class LookupCoordinator(CoreDriver):
         waiter: asyncio.Future[None] | None = None
         lookup: LookupState | None = None
         try:
+            admitted = False
             if self._waiters or not self._admission.has_room(plan.num_keys):  # (else no
                 await self._admit(plan.num_keys, deadline, limit)  # coroutine)
+                admitted = True
+            if plan.needs_preparing:  # (admitted work counts while the plan is prepared)
+                if not admitted:
+                    self._admission.reserve(plan.num_keys)
+                try:
+                    if not self._closed:
+                        await self._prepare(plan, deadline, limit)
+                finally:
+                    self._admission.release(plan.num_keys)
+            elif admitted:
                 self._admission.release(plan.num_keys)
-                if self._closed:  # (admitted, then closed before it ran)
-                    raise ClosedError("the coordinator was closed")
-            if plan.needs_preparing:
-                await self._prepare(plan, deadline, limit)
-                if self._closed:  # (closed while it was being prepared)
-                    raise ClosedError("the coordinator was closed")
+            if self._closed:  # (admitted or prepared, then closed before it ran)
+                raise ClosedError("the coordinator was closed")
             waiter = loop.create_future()
             lookup = core.begin(plan, time.monotonic(), waiter)
             if deadline is not None and not lookup.done:  # a timer, not wait_for: no task
@@ -351,14 +360,22 @@ class LookupCoordinator(CoreDriver):
             plan.prepare()
             return
         tested: asyncio.Future[bool | None] = loop.create_future()
-        worker.submit(rows, tested)
-        if deadline is None:
-            repeats = await tested
-        else:
-            try:
-                repeats = await asyncio.wait_for(tested, deadline - loop.time())
-            except asyncio.TimeoutError:
-                raise LookupTimeout(f"lookup did not finish within {limit} s") from None
+        try:
+            worker.submit(rows, tested)
+        except ValueError:  # (rows it does not read: a reversed or column-strided view)
+            plan.prepare()
+            return
+        self._testing.add(tested)
+        try:
+            if deadline is None:
+                repeats = await tested
+            else:
+                try:
+                    repeats = await asyncio.wait_for(tested, deadline - loop.time())
+                except asyncio.TimeoutError:
+                    raise LookupTimeout(f"lookup did not finish within {limit} s") from None
+        finally:
+            self._testing.discard(tested)
         plan.prepare(repeats)
 
     def _start_repeats(self) -> Any:
@@ -388,7 +405,8 @@ class LookupCoordinator(CoreDriver):
         worker, self._repeat_worker = self._repeat_worker, False
         assert self._loop is not None
         self._loop.remove_reader(worker.fileno())
-        for tested in worker.close():  # (the lookups still waiting for it)
+        worker.close()
+        for tested in self._testing:  # (the lookups still waiting for it)
             if not tested.done():
                 tested.set_exception(ClosedError("the coordinator was closed"))
 
