@@ -49,7 +49,7 @@ typedef struct {
 
 /* ------------------------------------------------------------------------------- test */
 
-enum { MAX_PROBES = 64 };
+enum { MAX_PROBES = 64, BATCH = 32 };
 
 static uint64_t
 mix(const unsigned char *row, Py_ssize_t width)
@@ -87,30 +87,40 @@ rows_repeat(const unsigned char *buf, Py_ssize_t n, Py_ssize_t width, Py_ssize_t
     if (!table)
         return -1;
     int found = 0;
-    for (Py_ssize_t i = 0; i < n && !found; i++) {
-        const unsigned char *row = buf + i * stride;
-        uint64_t h = mix(row, width);
-        uint64_t tag = h & 0xFFFFFFFF00000000ULL;
-        size_t slot = (size_t)h & mask;
-        int probes = 0;
-        for (;;) {
-            uint64_t entry = table[slot];
-            if (!entry) {
-                table[slot] = tag | (uint64_t)(i + 1);
-                break;
-            }
-            if ((entry & 0xFFFFFFFF00000000ULL) == tag) {
-                Py_ssize_t j = (Py_ssize_t)(entry & 0xFFFFFFFFULL) - 1;
-                if (memcmp(buf + j * stride, row, (size_t)width) == 0) {
-                    found = 1;
+    uint64_t mixes[BATCH];
+    for (Py_ssize_t start = 0; start < n && !found; start += BATCH) {
+        /* the batch's mixes first, their slots fetched meanwhile: the inserts then find
+         * them in cache instead of waiting on each in turn */
+        Py_ssize_t end = start + BATCH < n ? start + BATCH : n;
+        for (Py_ssize_t i = start; i < end; i++) {
+            mixes[i - start] = mix(buf + i * stride, width);
+            __builtin_prefetch(&table[(size_t)mixes[i - start] & mask], 1);
+        }
+        for (Py_ssize_t i = start; i < end && !found; i++) {
+            const unsigned char *row = buf + i * stride;
+            uint64_t h = mixes[i - start];
+            uint64_t tag = h & 0xFFFFFFFF00000000ULL;
+            size_t slot = (size_t)h & mask;
+            int probes = 0;
+            for (;;) {
+                uint64_t entry = table[slot];
+                if (!entry) {
+                    table[slot] = tag | (uint64_t)(i + 1);
                     break;
                 }
+                if ((entry & 0xFFFFFFFF00000000ULL) == tag) {
+                    Py_ssize_t j = (Py_ssize_t)(entry & 0xFFFFFFFFULL) - 1;
+                    if (memcmp(buf + j * stride, row, (size_t)width) == 0) {
+                        found = 1;
+                        break;
+                    }
+                }
+                if (++probes > MAX_PROBES) {
+                    found = -2;
+                    break;
+                }
+                slot = (slot + 1) & mask;
             }
-            if (++probes > MAX_PROBES) {
-                found = -2;
-                break;
-            }
-            slot = (slot + 1) & mask;
         }
     }
     free(table);
