@@ -382,7 +382,7 @@ static PyTypeObject WorkerType = {
 };
 
 static PyObject *
-repeats(PyObject *self, PyObject *arg)
+repeats(PyObject *Py_UNUSED(self), PyObject *arg)
 {
     Py_buffer v;
     if (PyObject_GetBuffer(arg, &v, PyBUF_RECORDS_RO) < 0)
