@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import random
 import select
 from typing import Any
 
@@ -241,3 +242,41 @@ async def test_views_the_worker_does_not_read_are_prepared_inline() -> None:
     want = _expected(DSV4_LIKE, 8192 * 4, hashes, store)
     async with mcl.LookupCoordinator(DSV4_LIKE, store) as coord:
         assert await coord.lookup_result(8192 * 4, reversed_rows) == want
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_cancels_timeouts_and_closes_around_the_worker_never_hang_or_mislead(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    docs = [chain(8192, b"d%d" % i) for i in range(3)]
+    docs[2][7000] = docs[2][10]  # (a repeat: that plan probes in one round)
+    store = mcl.FakeStore(
+        [key for doc in docs for key in DSV4_LIKE.plan(5000 * 4, doc[:5000]).keys], delay=0.0005
+    )
+    cases = [(i, n) for i in range(3) for n in (8192 * 4, 6000 * 4 + 5, 4500 * 4, 20000)]
+    wants = {(i, n): _expected(DSV4_LIKE, n, docs[i], store) for i, n in cases}
+    frozen = [_frozen(doc) for doc in docs]
+    coord = mcl.LookupCoordinator(DSV4_LIKE, store, max_pending_lookups=rng.choice([1, 4, 64]))
+    async with coord:
+        picked = rng.choices(cases, k=30)
+        tasks = [
+            asyncio.create_task(coord.lookup_result(
+                n, frozen[i], timeout=rng.choice([None, 5.0, 1e-4])
+            ))
+            for i, n in picked
+        ]
+        await asyncio.sleep(rng.random() * 0.003)
+        for task in tasks:
+            if rng.random() < 0.2:
+                task.cancel()
+        if rng.random() < 0.3:
+            await coord.aclose()
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    for case, outcome in zip(picked, done):
+        if isinstance(outcome, mcl.LookupResult):
+            assert outcome == wants[case]
+        else:
+            assert isinstance(
+                outcome, (asyncio.CancelledError, mcl.LookupTimeout, mcl.ClosedError)
+            ), repr(outcome)
