@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup._coordinator import shell
+from aio_mclookup._plan.era_c import EraCPlan
 from aio_mclookup._rows import rows_repeat
 from helpers import chain
 
@@ -42,7 +43,8 @@ def _frozen(hashes: list[bytes]) -> np.ndarray[Any, np.dtype[np.uint8]]:
 # ------------------------------------------------------------------------- the native test
 @needs_build
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), n=st.integers(0, 300), width=st.integers(0, 40),
+@given(data=st.data(), n=st.one_of(st.integers(0, 300), st.integers(513, 5000)),
+       width=st.integers(0, 40),
        values=st.sampled_from([2, 4, 256]), pad=st.integers(0, 3))
 def test_the_native_test_agrees_with_rows_repeat(
     data: st.DataObject, n: int, width: int, values: int, pad: int
@@ -132,11 +134,32 @@ def _expected(layout: mcl.KVLayout, num_tokens: int, hashes: list[bytes],
     return plan.resolve_result([1 if key in store.present else 0 for key in plan.keys])
 
 
+def _recording_verdicts(monkeypatch: pytest.MonkeyPatch) -> list[bool | None]:
+    """The ``repeats`` every plan is prepared with, from now on."""
+    verdicts: list[bool | None] = []
+    prepare = EraCPlan.prepare
+
+    def recorded(plan: EraCPlan, repeats: bool | None = None) -> None:
+        verdicts.append(repeats)
+        prepare(plan, repeats)
+
+    monkeypatch.setattr(EraCPlan, "prepare", recorded)
+    return verdicts
+
+
+def _settled(coord: mcl.LookupCoordinator) -> None:
+    """Nothing left reserved by admission, nor waiting for the worker."""
+    admission = coord._admission
+    assert admission.reserved_lookups == admission.reserved_keys == 0
+    assert not coord._testing
+
+
 @pytest.mark.parametrize("backend", LOOPS)
 @pytest.mark.parametrize("repeated", [False, True])
 def test_large_plans_prepared_off_the_loop_give_the_plans_own_results(
-    backend: str, repeated: bool
+    backend: str, repeated: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    verdicts = _recording_verdicts(monkeypatch)
     hashes = chain(8192, b"doc")
     if repeated:  # a hash repeated far from its first place: one round, vLLM's presence
         hashes[6000] = hashes[100]
@@ -159,6 +182,15 @@ def test_large_plans_prepared_off_the_loop_give_the_plans_own_results(
         if backend == "asyncio":  # trio prepares inline; so does the pure-Python path
             assert bool(worker) == (shell._REPEATS is not None)
             assert coord._repeat_worker is False  # (stopped at close)
+            _settled(coord)
+            # every plan prepared once, with the worker's verdict (None: tested inline)
+            rows = [min(n // 4 + 5, 8192) for n in lengths] + [8192] * len(lengths)
+            want_verdicts = [repeated and count > 6000 for count in rows if count >= 4096]
+            if not worker:
+                want_verdicts = [None] * len(want_verdicts)
+            assert sorted(verdicts, key=str) == sorted(want_verdicts, key=str)
+        else:
+            assert verdicts == []  # (trio: the plan tests its hashes when first asked)
 
     anyio.run(main, backend=backend)
 
@@ -179,8 +211,11 @@ async def test_a_lookup_given_up_while_its_hashes_are_tested_hurts_no_other() ->
         assert [done[i] for i in (1, 2, 4, 5)] == [want] * 4
         assert await coord.lookup_result(8192 * 4, rows) == want
         if coord._repeat_worker:  # the deadline holds while the test runs on the worker
+            rounds = coord.stats().rounds_total
             with pytest.raises(mcl.LookupTimeout):
                 await coord.lookup_result(8192 * 4, rows, timeout=1e-9)
+            assert coord.stats().rounds_total == rounds  # (it never began probing)
+        _settled(coord)
 
 
 async def test_closing_while_hashes_are_tested_fails_those_lookups_with_closed_error() -> None:
@@ -228,8 +263,11 @@ async def test_admission_holds_while_plans_are_prepared() -> None:
     async with mcl.LookupCoordinator(DSV4_LIKE, store, max_pending_lookups=1) as coord:
         watcher = asyncio.create_task(watch())
         rows = _frozen(hashes)
-        done = await asyncio.gather(*(coord.lookup_result(8192 * 4, rows) for _ in range(4)))
+        done = await asyncio.wait_for(
+            asyncio.gather(*(coord.lookup_result(8192 * 4, rows) for _ in range(4))), 30
+        )
         watcher.cancel()
+        _settled(coord)
     assert done == [want] * 4
     assert peak == 1
 
@@ -273,6 +311,7 @@ async def test_cancels_timeouts_and_closes_around_the_worker_never_hang_or_misle
         if rng.random() < 0.3:
             await coord.aclose()
         done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    _settled(coord)
     for case, outcome in zip(picked, done):
         if isinstance(outcome, mcl.LookupResult):
             assert outcome == wants[case]
@@ -280,3 +319,27 @@ async def test_cancels_timeouts_and_closes_around_the_worker_never_hang_or_misle
             assert isinstance(
                 outcome, (asyncio.CancelledError, mcl.LookupTimeout, mcl.ClosedError)
             ), repr(outcome)
+
+
+async def test_hashes_whose_mixes_collide_are_tested_inline_after_the_worker_gives_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 32-byte rows, all different, whose multiply-xor mixes are equal (the first two words
+    # cancel): the worker stops after a bounded probe sequence and the plan sorts them itself.
+    s, m = 0x9E3779B97F4A7C15, 0xFF51AFD7ED558CCD
+    w0 = np.arange(1, 8193, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        w1 = ((np.uint64(s) ^ w0) * np.uint64(m)) ^ np.uint64(99)
+    words = np.zeros((8192, 4), dtype=np.uint64)
+    words[:, 0], words[:, 1] = w0, w1
+    rows = np.frombuffer(words.tobytes(), dtype=np.uint8).reshape(8192, 32)
+    hashes = [bytes(row) for row in rows]
+    store = mcl.FakeStore(DSV4_LIKE.plan(5000 * 4, hashes[:5000]).keys)
+    want = _expected(DSV4_LIKE, 8192 * 4, hashes, store)
+    verdicts = _recording_verdicts(monkeypatch)
+    async with mcl.LookupCoordinator(DSV4_LIKE, store) as coord:
+        assert await coord.lookup_result(8192 * 4, rows) == want
+        _settled(coord)
+    assert verdicts == [None]
+    if BUILT and shell._REPEATS is not None:
+        assert C.repeats(rows) is None

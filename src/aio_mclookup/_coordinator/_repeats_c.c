@@ -14,9 +14,9 @@
  *
  * The test: each row into an open-addressing table keyed by a multiply-xor mix of its bytes;
  * a row whose mix matches an earlier one's is compared whole (memcmp). Exact: True iff two
- * rows are equal. Rows crafted to collide cannot make it quadratic: past MAX_PROBES steps
- * of one probe sequence it gives up and answers None (the caller then tests the rows with
- * _rows.rows_repeat, a sort).
+ * rows are equal. Rows whose mixes collide (crafted so: the mix is not keyed) cannot make it
+ * quadratic: past MAX_PROBES steps of one probe sequence it gives up and answers None (the
+ * caller then tests the rows with _rows.rows_repeat, a sort).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -66,7 +66,12 @@ mix(const unsigned char *row, Py_ssize_t width)
         memcpy(&word, row + i, (size_t)(width - i));
         h = (h ^ word) * 0xFF51AFD7ED558CCDULL;
     }
-    return h ^ (h >> 31);
+    /* a full avalanche (MurmurHash3's finaliser): rows that differ in any bits spread */
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDULL;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 33);
 }
 
 /* 1 if two rows are equal, 0 if none are, -1 without memory, -2 when a probe sequence grew
