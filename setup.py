@@ -25,6 +25,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "aio_mclookup._coordinator._table_c",
+            ["src/aio_mclookup/_coordinator/_table_c.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
             "aio_mclookup._plan._probing_c",
             ["src/aio_mclookup/_plan/_probing_c.c"],
             extra_compile_args=["-O3"],

@@ -1,8 +1,23 @@
-"""The key table on its own: queued keys in fair shares, abandoned keys, clearing."""
+"""The key table on its own: queued keys in fair shares, abandoned keys, clearing; the
+compiled entry of keys (``_table_c``) against the Python one."""
 
 from __future__ import annotations
 
-from aio_mclookup._coordinator.table import KeyTable, Subscribers
+import copy
+import importlib
+import importlib.util
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aio_mclookup._coordinator import table as table_module
+from aio_mclookup._coordinator.table import KeyTable, Subscribers, enter_keys
+
+TABLE_C = "aio_mclookup._coordinator._table_c"
+C: Any = importlib.import_module(TABLE_C) if importlib.util.find_spec(TABLE_C) else None
+needs_build = pytest.mark.skipif(C is None, reason="the C extension is not built")
 
 
 def queue(table: KeyTable, tag: bytes, count: int, owner: int) -> list[bytes]:
@@ -92,3 +107,47 @@ def test_entering_joins_what_is_there_and_lists_the_queued_keys_joined() -> None
     assert table.enter([first[0], first[1], b"new"], [2 << 32, 2 << 32 | 1, 2 << 32 | 2]) == (1, 2)
     assert table.rounds[-1].keys == [first[1], b"new"] and table.copies  # (not first[0])
     assert table.waiting[first[0]] == [1 << 32, 2 << 32] and table.queued == 3
+
+
+_KEYS = st.sampled_from([b"k%d" % i for i in range(12)])
+
+
+@needs_build
+@settings(max_examples=400, deadline=None)
+@given(
+    waiting=st.dictionaries(_KEYS, st.one_of(st.integers(0, 2**40), st.lists(
+        st.integers(0, 2**40), min_size=2, max_size=4))),
+    sending=st.sets(_KEYS),
+    keys=st.lists(_KEYS, max_size=20),
+    subs=st.lists(st.integers(0, 2**40), max_size=22),
+)
+def test_the_compiled_entry_of_keys_is_the_python_one(
+    waiting: dict[bytes, Subscribers], sending: set[bytes], keys: list[bytes], subs: list[int]
+) -> None:
+    py_waiting, c_waiting = copy.deepcopy(waiting), copy.deepcopy(waiting)
+    lists = {key: value for key, value in c_waiting.items() if isinstance(value, list)}
+    got = C.enter_keys(c_waiting, set(sending), keys, subs)
+    assert got == enter_keys(py_waiting, set(sending), keys, subs)
+    assert c_waiting == py_waiting
+    for key, value in lists.items():  # (lists already there grow in place)
+        assert c_waiting[key] is value
+
+
+@needs_build
+def test_the_compiled_entry_of_keys_fails_as_the_python_one() -> None:
+    for bad_keys in ([[1]], [b"a", {}]):
+        with pytest.raises(TypeError):
+            enter_keys({}, set(), bad_keys, [1, 2])  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            C.enter_keys({}, set(), bad_keys, [1, 2])
+    with pytest.raises(TypeError):
+        C.enter_keys({}, [], [b"a"], [1])  # (sending is a set)
+    with pytest.raises(TypeError):
+        C.enter_keys([], set(), [b"a"], [1])  # (waiting is a dict)
+
+
+def test_the_table_runs_the_path_its_environment_asks_for() -> None:
+    from aio_mclookup import _native
+
+    built = importlib.util.find_spec(TABLE_C) is not None
+    assert (table_module._C is not None) == (built and not _native.disabled())

@@ -27,10 +27,11 @@ ROWS = "aio_mclookup._rows_c"
 SEARCH = "aio_mclookup._resolve._search_c"
 PROBING = "aio_mclookup._plan._probing_c"
 REPEATS = "aio_mclookup._coordinator._repeats_c"
+TABLE = "aio_mclookup._coordinator._table_c"
 BUILT = importlib.util.find_spec(CHAIN) is not None
 EXTENSIONS = {
     name: importlib.util.find_spec(name) is not None
-    for name in (CHAIN, ROWS, SEARCH, PROBING, REPEATS)
+    for name in (CHAIN, ROWS, SEARCH, PROBING, REPEATS, TABLE)
 }
 """Every extension setup.py builds, and whether it was built here."""
 needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
@@ -77,7 +78,7 @@ def test_the_env_var_selects_pure_python(value: str) -> None:
 
 def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     from aio_mclookup import _rows
-    from aio_mclookup._coordinator import shell
+    from aio_mclookup._coordinator import shell, table
     from aio_mclookup._plan import probing_era_c
     from aio_mclookup._resolve import era_c
 
@@ -91,6 +92,8 @@ def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     assert _native.loaded()[PROBING] == (probing_era_c._C is not None)
     assert (shell._REPEATS is not None) == (EXTENSIONS[REPEATS] and not _native.disabled())
     assert _native.loaded()[REPEATS] == (shell._REPEATS is not None)
+    assert (table._C is not None) == (EXTENSIONS[TABLE] and not _native.disabled())
+    assert _native.loaded()[TABLE] == (table._C is not None)
 
 
 def _both(monkeypatch: pytest.MonkeyPatch, hasher: BlockHasher, tokens: object,

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers"]
+from .. import _native
+
+__all__ = ["BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers", "enter_keys"]
 
 Subscribers = int | list[int]
 """Who waits for one key's answer: one subscriber, or a list of them (the key is shared)."""
@@ -23,6 +26,35 @@ BULK = 8
 with a few whole-round calls first (a loop per key is cheaper below that)."""
 POS_BITS = 32
 POS_MASK = (1 << POS_BITS) - 1
+
+_C: Any = _native.load("aio_mclookup._coordinator._table_c")
+"""The compiled :func:`enter_keys`, or ``None``: the Python one."""
+
+
+def enter_keys(
+    waiting: dict[bytes, Subscribers], sending: set[bytes], keys: Sequence[bytes],
+    subs: Sequence[int],
+) -> tuple[list[bytes], int, int]:
+    """Each key joins the subscribers ``waiting`` holds for it, or enters with its own; returns
+    the keys to queue (the new ones, and those joined while queued: a round's share may pull
+    them out), how many were new and how many joined. Its compiled twin is ``_table_c``."""
+    to_send = []
+    fresh = shared = 0
+    for sub, key in zip(subs, keys):
+        others = waiting.get(key)
+        if others is None:
+            waiting[key] = sub
+            fresh += 1
+            to_send.append(key)
+            continue
+        if isinstance(others, int):
+            waiting[key] = [others, sub]
+        else:
+            others.append(sub)
+        shared += 1
+        if key not in sending:  # joined while queued
+            to_send.append(key)
+    return to_send, fresh, shared
 
 
 class _Round:
@@ -95,22 +127,10 @@ class KeyTable:
                 return len(keys), 0
             for key in keys:  # a key repeats in the round: one entry per position
                 waiting.pop(key, None)  # (none of them was there before)
-        to_send = []
-        fresh = shared = 0
-        for sub, key in zip(subs, keys):
-            others = waiting.get(key)
-            if others is None:
-                waiting[key] = sub
-                fresh += 1
-                to_send.append(key)
-                continue
-            if isinstance(others, int):
-                waiting[key] = [others, sub]
-            else:
-                others.append(sub)
-            shared += 1
-            if key not in sending:  # joined while queued: the round's share may pull it out
-                to_send.append(key)
+        if _C is not None:
+            to_send, fresh, shared = _C.enter_keys(waiting, sending, keys, subs)
+        else:
+            to_send, fresh, shared = enter_keys(waiting, sending, keys, subs)
         if fresh:
             self._queue_round(to_send, fresh)
         return fresh, shared
