@@ -42,7 +42,6 @@ typedef struct {
     pthread_cond_t wake;
     Job *todo_head, *todo_tail; /* submitted, not yet taken by the thread */
     Job *done;                  /* tested, not yet collected */
-    Job *busy;                  /* the one being tested */
     int read_fd, write_fd;
     int stopping, started;
 } Worker;
@@ -148,12 +147,10 @@ run(void *arg)
         w->todo_head = job->next;
         if (!w->todo_head)
             w->todo_tail = NULL;
-        w->busy = job;
         pthread_mutex_unlock(&w->lock);
         Py_buffer *v = &job->view;
         job->repeats = rows_repeat(v->buf, v->shape[0], v->shape[1], v->strides[0]);
         pthread_mutex_lock(&w->lock);
-        w->busy = NULL;
         job->next = w->done;
         w->done = job;
         char byte = 1;
@@ -165,6 +162,24 @@ run(void *arg)
 }
 
 /* ----------------------------------------------------------------------------- methods */
+
+/* A 2-D uint8 buffer of fewer than 2**31 hash rows, bytes of a row contiguous, rows at a
+ * non-negative stride; -1 with ValueError (or the buffer's own error) otherwise. */
+static int
+get_rows(PyObject *obj, Py_buffer *v)
+{
+    if (PyObject_GetBuffer(obj, v, PyBUF_RECORDS_RO) < 0)
+        return -1;
+    if (v->ndim != 2 || v->itemsize != 1 || (v->format && strcmp(v->format, "B") != 0)
+        || (v->shape[1] > 1 && v->strides[1] != 1) || v->suboffsets || v->shape[0] >= 1LL << 31
+        || v->strides[0] < 0) {
+        PyBuffer_Release(v);
+        PyErr_SetString(PyExc_ValueError,
+                        "expected a 2-D array of uint8 hash rows (fewer than 2**31)");
+        return -1;
+    }
+    return 0;
+}
 
 static void
 release(Job *job)
@@ -252,18 +267,8 @@ worker_submit(Worker *w, PyObject *args)
     Job *job = PyMem_Calloc(1, sizeof(Job));
     if (!job)
         return PyErr_NoMemory();
-    if (PyObject_GetBuffer(rows, &job->view, PyBUF_RECORDS_RO) < 0) {
+    if (get_rows(rows, &job->view) < 0) {
         PyMem_Free(job);
-        return NULL;
-    }
-    Py_buffer *v = &job->view;
-    if (v->ndim != 2 || v->itemsize != 1 || (v->format && strcmp(v->format, "B") != 0)
-        || (v->shape[1] > 1 && v->strides[1] != 1) || v->suboffsets || v->shape[0] >= 1LL << 31
-        || v->strides[0] < 0) {
-        PyBuffer_Release(v);
-        PyMem_Free(job);
-        PyErr_SetString(PyExc_ValueError,
-                        "expected a 2-D array of uint8 hash rows (fewer than 2**31)");
         return NULL;
     }
     Py_INCREF(token);
@@ -326,6 +331,16 @@ worker_collect(Worker *w, PyObject *Py_UNUSED(unused))
     return out;
 }
 
+static void
+close_fds(Worker *w)
+{
+    for (int *fd = &w->read_fd; fd <= &w->write_fd; fd++)
+        if (*fd >= 0) {
+            close(*fd);
+            *fd = -1;
+        }
+}
+
 static PyObject *
 worker_close(Worker *w, PyObject *Py_UNUSED(unused))
 {
@@ -338,11 +353,7 @@ worker_close(Worker *w, PyObject *Py_UNUSED(unused))
         release(job);
         job = next;
     }
-    for (int *fd = &w->read_fd; fd <= &w->write_fd; fd++)
-        if (*fd >= 0) {
-            close(*fd);
-            *fd = -1;
-        }
+    close_fds(w);
     return out;
 }
 
@@ -355,10 +366,7 @@ worker_dealloc(Worker *w)
         release(job);
         job = next;
     }
-    if (w->read_fd >= 0)
-        close(w->read_fd);
-    if (w->write_fd >= 0)
-        close(w->write_fd);
+    close_fds(w);
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->wake);
     Py_TYPE(w)->tp_free((PyObject *)w);
@@ -390,16 +398,8 @@ static PyObject *
 repeats(PyObject *Py_UNUSED(self), PyObject *arg)
 {
     Py_buffer v;
-    if (PyObject_GetBuffer(arg, &v, PyBUF_RECORDS_RO) < 0)
+    if (get_rows(arg, &v) < 0)
         return NULL;
-    if (v.ndim != 2 || v.itemsize != 1 || (v.format && strcmp(v.format, "B") != 0)
-        || (v.shape[1] > 1 && v.strides[1] != 1) || v.suboffsets || v.shape[0] >= 1LL << 31
-        || v.strides[0] < 0) {
-        PyBuffer_Release(&v);
-        PyErr_SetString(PyExc_ValueError,
-                        "expected a 2-D array of uint8 hash rows (fewer than 2**31)");
-        return NULL;
-    }
     int found;
     Py_BEGIN_ALLOW_THREADS
     found = rows_repeat(v.buf, v.shape[0], v.shape[1], v.strides[0]);

@@ -303,20 +303,20 @@ class LookupCoordinator(CoreDriver):
         waiter: asyncio.Future[None] | None = None
         lookup: LookupState | None = None
         try:
-            admitted = False
+            preparing = plan.needs_preparing
+            reserved = True  # (until it begins: the core counts it then)
             if self._waiters or not self._admission.has_room(plan.num_keys):  # (else no
-                await self._admit(plan.num_keys, deadline, limit)  # coroutine)
-                admitted = True
-            if plan.needs_preparing:  # (admitted work counts while the plan is prepared)
-                if not admitted:
-                    self._admission.reserve(plan.num_keys)
-                try:
-                    if not self._closed:
-                        await self._prepare(plan, deadline, limit)
-                finally:
+                await self._admit(plan.num_keys, deadline, limit)  # coroutine; reserves)
+            elif preparing:  # (its work counts while the plan is prepared)
+                self._admission.reserve(plan.num_keys)
+            else:
+                reserved = False
+            try:
+                if preparing and not self._closed:
+                    await self._prepare(plan, deadline, limit)
+            finally:
+                if reserved:
                     self._admission.release(plan.num_keys)
-            elif admitted:
-                self._admission.release(plan.num_keys)
             if self._closed:  # (admitted or prepared, then closed before it ran)
                 raise ClosedError("the coordinator was closed")
             waiter = loop.create_future()
@@ -356,7 +356,7 @@ class LookupCoordinator(CoreDriver):
         assert loop is not None
         rows = plan.hashes_to_test()
         worker = self._repeat_worker if self._repeat_worker is not None else self._start_repeats()
-        if rows is None or not worker:
+        if not worker:
             plan.prepare()
             return
         tested: asyncio.Future[bool | None] = loop.create_future()

@@ -71,10 +71,6 @@ class EraCPlan(LookupPlan):
             else:
                 self._hash_ids = _hash_ids(hash_source)
 
-    @property
-    def needs_preparing(self) -> bool:
-        return self._hash_source is not None and not self._lone
-
     def hashes_to_test(self) -> npt.NDArray[np.uint8] | None:
         source = self._hash_source
         return source.array if source is not None and not self._lone else None

@@ -87,9 +87,10 @@ class LookupPlan:
 
     @property
     def needs_preparing(self) -> bool:
-        """Work is left before probing (:meth:`prepare`), which the coordinator keeps off
-        its event loop where it can."""
-        return False
+        """Work is left before probing (:meth:`prepare`: the repeated-hash test of
+        :meth:`hashes_to_test`), which the coordinator keeps off its event loop where it
+        can."""
+        return self.hashes_to_test() is not None
 
     def hashes_to_test(self) -> npt.NDArray[np.uint8] | None:
         """The hash rows whose repeated-hash test :meth:`prepare` would run (an array nobody
