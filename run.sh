@@ -46,14 +46,14 @@ ensure_venv() {
     local changed=""
     if [ -f "$stamp" ]; then
         changed=$(find pyproject.toml setup.py src -newer "$stamp" \( -name '*.toml' -o \
-            -name setup.py -o -name '*.c' \) -print -quit 2>/dev/null || true)
+            -name setup.py -o -name '*.c' -o -name '*.h' \) -print -quit 2>/dev/null || true)
     fi
     if [ ! -f "$stamp" ] || [ -n "$changed" ]; then
         .venv/bin/python -m pip install -q --upgrade pip >/dev/null
         .venv/bin/python -m pip install -q -e '.[dev]'
         touch "$stamp"
     fi
-    .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(f"aio_mclookup.{m}") is None for m in ("_hashing._chain_c", "_rows_c", "_resolve._search_c", "_plan._probing_c", "_coordinator._repeats_c", "_coordinator._table_c")))' \
+    .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(f"aio_mclookup.{m}") is None for m in ("_hashing._chain_c", "_rows_c", "_resolve._search_c", "_plan._probing_c", "_plan._repeats_c", "_coordinator._table_c", "_coordinator._worker_c")))' \
         || echo "run.sh: the compiled extensions are not built; running pure Python (slower)" >&2
 }
 

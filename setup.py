@@ -13,15 +13,24 @@ setup(
         Extension(
             "aio_mclookup._hashing._chain_c",
             ["src/aio_mclookup/_hashing/_chain_c.c"],
+            depends=["src/aio_mclookup/_native_job.h"],
             libraries=["crypto"],
             extra_compile_args=["-O3", "-Wno-deprecated-declarations"],
             optional=True,
         ),
         Extension(
-            "aio_mclookup._coordinator._repeats_c",
-            ["src/aio_mclookup/_coordinator/_repeats_c.c"],
+            "aio_mclookup._coordinator._worker_c",
+            ["src/aio_mclookup/_coordinator/_worker_c.c"],
+            depends=["src/aio_mclookup/_native_job.h"],
             extra_compile_args=["-O3", "-pthread"],
             extra_link_args=["-pthread"],
+            optional=True,
+        ),
+        Extension(
+            "aio_mclookup._plan._repeats_c",
+            ["src/aio_mclookup/_plan/_repeats_c.c"],
+            depends=["src/aio_mclookup/_native_job.h"],
+            extra_compile_args=["-O3"],
             optional=True,
         ),
         Extension(

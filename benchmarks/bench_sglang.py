@@ -6,10 +6,11 @@ router in front of an SGLang fleet asks, in three ways on the same requests and 
   loop's executor as the ranks' processes would be), the hit the minimum over ranks;
 * per-request: one request at a time with this project's planning (``layout.plan``, one
   ``batch_is_exist`` of all its keys, ``plan.resolve``);
-* coordinator: ``LookupCoordinator(layout, store).lookup(num_tokens, page_hashes)``, default
-  options, a fresh coordinator per repetition.
+* coordinator: ``LookupCoordinator(layout, store).lookup_tokens(token_ids)``, default options,
+  a fresh coordinator per repetition: it hashes the pages on its worker thread.
 
-Every mode hashes the request's token ids first (``layout.page_hashes``, timed in). The
+Every mode hashes the request's token ids (``layout.page_hashes``, or the coordinator's
+``lookup_tokens``), timed in. The
 workload: SGLang 0.5.23, page size 64, ``Qwen/Qwen3-8B`` at TP 2 (MHA: four objects per page),
 the default prefetch threshold (256 tokens); 32 documents of 4,096 tokens stored whole; 2,048
 requests, each a document up to a random cut followed by its own tokens, 256 concurrent
@@ -154,8 +155,7 @@ async def main_async(args: argparse.Namespace) -> str:
                             async with LookupCoordinator(LAYOUT, store) as coordinator:
 
                                 async def lookup(tokens: np.ndarray) -> int:
-                                    hashes = LAYOUT.page_hashes(tokens)
-                                    return await coordinator.lookup(len(tokens), hashes)
+                                    return await coordinator.lookup_tokens(tokens)
 
                                 run = await drive(requests, lookup, 256)
                                 stats = coordinator.stats()
@@ -224,7 +224,8 @@ def report(
         f"benchmarks/bench_sglang.py{' --quick' if args.quick else ''} --reps {args.reps}` "
         f"({elapsed:.0f} s). {len(requests):,} requests, 256 concurrent; SGLang 0.5.23, page "
         "64, TP 2 (MHA), 32 stored documents of 4,096 tokens, each request a document up to a "
-        "random cut, then its own tokens. Every mode hashes the token ids first. Medians over "
+        "random cut, then its own tokens. Every mode hashes the token ids (the coordinator on its "
+        "worker thread: `lookup_tokens`). Medians over "
         f"{args.reps} repetitions, the modes taking turns; in brackets the repetitions' range. "
         f"Hits identical in all {len(MODES) * args.reps} runs; hit tokens / request tokens = "
         f"{share:.1%}.",

@@ -176,3 +176,100 @@ async def test_mixed_lookups_over_a_real_master(
     async with LookupCoordinator(VLLM, mooncake_store, timeout=30) as coordinator:
         assert await _coordinated(coordinator, requests) == want
         assert await _coordinated(coordinator, requests) == want
+
+
+# -------------------------------------------------------------------- lookups of token ids
+def _token_requests(seed: int) -> tuple[list[tuple[SGLangLayout, list[int], str | None]],
+                                        set[bytes]]:
+    """Prompts of every SGLang layout, long enough that most are hashed off the loop."""
+    rng = random.Random(seed)
+    keys: set[bytes] = set()
+    out = []
+    for layout in SGLANG:
+        docs = [[rng.randrange(1, 50_000) for _ in range(1200)] for _ in range(2)]
+        for d, doc in enumerate(docs):
+            plan = layout.plan(len(doc), layout.page_hashes(doc, extra_key="x" if d else None))
+            keys.update(plan.keys[: plan.num_keys * (d + 1) // 3])
+        for i in range(12):
+            d = i % 2
+            cut = rng.randrange(0, 1200)
+            tokens = docs[d][:cut] + [rng.randrange(1, 50_000) for _ in range(rng.randrange(90))]
+            out.append((layout, tokens, "x" if d else None))
+    return out, keys
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_lookups_of_token_ids_are_lookups_of_their_page_hashes(backend: str) -> None:
+    import anyio
+
+    requests, keys = _token_requests(seed=11)
+    store = FakeStore(keys)
+
+    async def main() -> tuple[list[int], list[int]]:
+        async with LookupCoordinator(VLLM, store, timeout=30) as coordinator:
+            want = [
+                await coordinator.lookup(len(t), layout.page_hashes(t, extra_key=x),
+                                         layout=layout)
+                for layout, t, x in requests
+            ]
+            got: list[int] = [0] * len(requests)
+
+            async def one(i: int) -> None:
+                layout, tokens, extra = requests[i]
+                got[i] = await coordinator.lookup_tokens(tokens, extra_key=extra, layout=layout)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(requests)):
+                    tg.start_soon(one, i)
+            if backend == "asyncio":
+                assert not coordinator._preparing
+        return got, want
+
+    got, want = anyio.run(main, backend=backend)
+    assert got == want and len(set(want)) > 5
+
+
+async def test_token_ids_on_a_vllm_layout_or_bad_ids_are_refused_alone() -> None:
+    requests, keys = _token_requests(seed=12)
+    store = FakeStore(keys)
+    async with LookupCoordinator(SGLANG[0], store, timeout=30) as coordinator:
+        with pytest.raises(mcl.InvalidRequest, match="BlockHasher"):
+            await coordinator.lookup_tokens([1, 2, 3], layout=VLLM)  # type: ignore[arg-type]
+        good = [coordinator.lookup_tokens(t, extra_key=x, layout=layout)
+                for layout, t, x in requests]
+        bad = coordinator.lookup_tokens([5] * 300 + [-1] * 300)
+        results = await asyncio.gather(bad, *good, return_exceptions=True)
+        want = [await coordinator.lookup(len(t), layout.page_hashes(t, extra_key=x),
+                                         layout=layout) for layout, t, x in requests]
+    assert isinstance(results[0], mcl.InvalidRequest)
+    assert list(results[1:]) == want
+
+
+async def test_token_lookups_cancelled_timed_out_or_closed_while_hashed_settle() -> None:
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=1, model_name="m",
+                          prefetch_threshold=0)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(1, 50_000) for _ in range(20_000)] for _ in range(8)]
+    plan = layout.plan(20_000, layout.page_hashes(prompts[0]))
+    store = FakeStore(plan.keys[: 5000 * layout.keys_per_page])
+    coordinator = LookupCoordinator(layout, store)
+    async with coordinator:
+        want = await coordinator.lookup_tokens(prompts[0])
+        assert want == 5000
+        tasks = [asyncio.create_task(coordinator.lookup_tokens(
+            p, timeout=1e-9 if i == 1 else None)) for i, p in enumerate(prompts)]
+        await asyncio.sleep(0)
+        tasks[2].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert done[0] == want
+        assert isinstance(done[1], mcl.LookupTimeout)
+        assert isinstance(done[2], asyncio.CancelledError)
+        assert done[3:] == [0] * 5
+        assert not coordinator._preparing
+        tasks = [asyncio.create_task(coordinator.lookup_tokens(p)) for p in prompts]
+        await asyncio.sleep(0)
+        await coordinator.aclose()
+        closed = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(c, mcl.ClosedError) or c in (want, 0) for c in closed), closed
+    assert any(isinstance(c, mcl.ClosedError) for c in closed)
+    assert coordinator._admission.reserved_lookups == coordinator._admission.reserved_keys == 0

@@ -150,3 +150,93 @@ def test_probe_state_out_of_order_keeps_the_threshold() -> None:
     state.record(range(0, 6), [True, True, True, True, False, False])  # page 2 missing
     assert not len(state.next_keys(None))
     assert state.hit == plan.resolve([1, 1, 1, 1, 0, 0] + [1] * (plan.num_keys - 6)) == 0
+
+
+# ------------------------------------------------------------------ plans from token ids
+TOKEN_LAYOUTS = [
+    MHA,
+    WIDE_RANKS,
+    MLA,
+    SGLangLayout(sglang_version="0.5.23", page_size=16, model_name="m", tp_size=2, eagle=True,
+                 prefetch_threshold=64),
+    SGLangLayout(sglang_version="0.5.20", page_size=1, model_name="m", prefetch_threshold=0),
+]
+
+
+def _tokens_of(rng: random.Random, kind: str) -> object:
+    n = rng.choice([0, 1, 5, 17, 63, 64, 65, 200, 600, 1500])
+    ids = [rng.randrange(0, 150_000) for _ in range(n)]
+    if kind == "wide" and n:  # (a wide page on 0.5.23, refused before)
+        ids[rng.randrange(n)] = 2**40
+    if kind == "negative" and n:
+        ids[rng.randrange(n)] = -3
+    if kind == "array":
+        return np.array(ids, dtype=rng.choice([np.int64, np.uint32, np.int32, np.uint64]))
+    return tuple(ids) if kind == "tuple" else ids
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "array", "wide", "negative"])
+@pytest.mark.parametrize(
+    "layout", TOKEN_LAYOUTS, ids=lambda x: f"{x.sglang_version}-p{x.page_size}"
+)
+def test_a_plan_from_token_ids_is_the_plan_of_its_page_hashes(
+    layout: SGLangLayout, kind: str
+) -> None:
+    rng = random.Random(f"{layout.page_size}{kind}")
+    for _ in range(12):
+        tokens = _tokens_of(rng, kind)
+        extra = rng.choice([None, "lora-a"])
+        salt = rng.choice([None, "", "s"])
+        try:
+            want = layout.plan(len(tokens), layout.page_hashes(tokens, extra, salt))  # type: ignore[arg-type]
+        except InvalidRequest as exc:
+            with pytest.raises(InvalidRequest, match="token id") as got:
+                layout.plan_tokens(tokens, extra, salt)
+            assert str(got.value) == str(exc)
+            continue
+        plan = layout.plan_tokens(tokens, extra, salt)
+        assert plan.num_keys == want.num_keys and plan.pages == want.pages
+        if plan.needs_preparing:  # (many pages: hashed when prepared)
+            assert plan.pages >= 16
+            plan.prepare()
+            assert not plan.needs_preparing
+            plan.prepare()  # (once prepared, again is nothing)
+        assert plan.keys == want.keys
+        answers = [rng.choice([1, 1, 1, 0]) for _ in want.keys]
+        assert plan.resolve(answers) == want.resolve(answers)
+
+
+def test_a_plan_from_token_ids_hashes_on_a_native_worker_as_here() -> None:
+    import select
+
+    from aio_mclookup._coordinator import shell
+    from aio_mclookup._hashing import sglang
+
+    if shell._WORKER is None or sglang._C is None:
+        pytest.skip("the C extensions are not built, or not loaded")
+    NativeWorker = shell._WORKER.NativeWorker
+
+    rng = random.Random(4)
+    worker = NativeWorker()
+    try:
+        for layout in TOKEN_LAYOUTS:
+            tokens = [rng.randrange(0, 150_000) for _ in range(1500)]
+            plan = layout.plan_tokens(tokens, "x", None)
+            job = plan.native_job()
+            assert job is not None
+            worker.submit(job, 1)
+            assert select.select([worker.fileno()], [], [], 10)[0]
+            assert worker.collect() == [1]
+            plan.prepare(job)
+            assert plan.keys == layout.plan(1500, layout.page_hashes(tokens, "x")).keys
+    finally:
+        worker.close()
+
+
+def test_a_declined_or_short_prompt_plans_at_once() -> None:
+    assert not MHA.plan_tokens(list(range(8))).needs_preparing  # (below the threshold)
+    assert MHA.plan_tokens(list(range(8))).num_keys == 0
+    assert not MHA.plan_tokens(list(range(40))).needs_preparing  # (9 pages: hashed here)
+    assert MHA.plan_tokens(list(range(400))).needs_preparing
+    with pytest.raises(InvalidRequest, match="extra_key"):
+        MHA.plan_tokens(list(range(400)), extra_key=3)  # type: ignore[arg-type]

@@ -160,9 +160,12 @@ class CoordinatorCore:
     # --------------------------------------------------------------------------- lookups
     def begin(self, plan: LookupPlan, now: float, waiter: Any = None) -> LookupState:
         """Register a lookup of ``plan`` and start it: caches, a walker to follow, or its
-        first round. It may settle at once (see :attr:`settled`)."""
+        first round. It may settle at once (see :attr:`settled`). A plan not prepared yet
+        (:attr:`LookupPlan.needs_preparing`) prepares here."""
         self._now = now
         options = self.options
+        if plan.needs_preparing:  # (shells that cannot prepare it off the loop)
+            plan.prepare()
         lookup = LookupState(plan, probe_state(plan, options.rounds), next(self._idents), waiter)
         self.lookups[lookup.ident] = lookup
         self.pending_keys += plan.num_keys

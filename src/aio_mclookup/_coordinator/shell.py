@@ -45,8 +45,8 @@ __all__ = ["LookupCoordinator"]
 
 logger = logging.getLogger("aio_mclookup")
 
-_REPEATS: Any = _native.load("aio_mclookup._coordinator._repeats_c")
-"""The native repeat worker's module, or ``None``: large plans prepare inline."""
+_WORKER: Any = _native.load("aio_mclookup._coordinator._worker_c")
+"""The native worker's module (``_worker_c.c``), or ``None``: plans prepare inline."""
 
 class _Default:
     """The type of :data:`DEFAULT`: "the coordinator's own setting" (distinct from None,
@@ -120,11 +120,11 @@ class LookupCoordinator(CoreDriver):
         self._dispatching = False  # inside _dispatch: a call-back within it sends nothing more
         self._other: AnyioShell | None = None  # the shell under anyio's other backends (trio)
         self._epochs = EpochGuard(self._core, store)
-        self._repeat_worker: Any = None
-        """The native thread testing large plans' hashes for repeats (``_repeats_c``), from
-        the first such plan on; False where it cannot run (then plans prepare inline)."""
-        self._testing: set[asyncio.Future[bool | None]] = set()
-        """The verdicts lookups await from it."""
+        self._worker: Any = None
+        """The native thread running plans' preparation (:meth:`LookupPlan.native_job`),
+        from the first such plan on; False where it cannot run (then plans prepare inline)."""
+        self._preparing: set[asyncio.Future[None]] = set()
+        """The jobs lookups await from it."""
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -203,8 +203,8 @@ class LookupCoordinator(CoreDriver):
                 await task
         self._rpc_tasks.clear()  # (a task cancelled before it started never removes itself)
         self._core.rpcs_in_flight = self._calls_in_flight  # (call-backs still to come)
-        if self._repeat_worker:
-            self._stop_repeat_worker()
+        if self._worker:
+            self._stop_worker()
 
     # --------------------------------------------------------------------------- lookups
     async def lookup(
@@ -259,6 +259,32 @@ class LookupCoordinator(CoreDriver):
         assert result is not None
         self._stats.count_model(_model_of(layout), plan.token_len, state.hit)
         return result
+
+    async def lookup_tokens(
+        self,
+        token_ids: object,
+        *,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        layout: SGLangLayout | None = None,
+        timeout: float | _Default | None = DEFAULT,
+    ) -> int:
+        """SGLang's L3 hit of a prompt from its token ids: :meth:`lookup` of ``(len(token_ids),
+        layout.page_hashes(token_ids, extra_key, cache_salt))``, with the pages hashed on the
+        coordinator's worker thread, off the event loop, where it can
+        (:meth:`SGLangLayout.plan_tokens`). For an :class:`SGLangLayout` only (vLLM's block
+        hashes: :class:`BlockHasher`, then :meth:`lookup`)."""
+        layout_ = self._layout_or_default(layout)
+        if not isinstance(layout_, SGLangLayout):
+            raise InvalidRequest(
+                "lookup_tokens hashes SGLang pages; for a vLLM layout hash the prompt with "
+                "BlockHasher and call lookup",
+                field="layout",
+            )
+        plan = layout_.plan_tokens(token_ids, extra_key, cache_salt)
+        hit = (await self._lookup(plan, timeout)).hit
+        self._stats.count_model(_model_of(layout_), plan.token_len, hit)
+        return hit
 
     lookup_request = lookup
     """A plain alias of :meth:`lookup` (its former name)."""
@@ -349,66 +375,62 @@ class LookupCoordinator(CoreDriver):
         return lookup
 
     async def _prepare(self, plan: LookupPlan, deadline: float | None, limit: float | None) -> None:
-        """Prepare the plan (:meth:`LookupPlan.prepare`): its repeated-hash test runs on the
-        native worker thread while the event loop goes on with other lookups, within the
-        lookup's deadline; inline where that thread cannot run."""
+        """Prepare the plan (:meth:`LookupPlan.prepare`): its native job runs on the worker
+        thread while the event loop goes on with other lookups, within the lookup's deadline;
+        inline where that thread cannot run."""
         loop = self._loop
         assert loop is not None
-        rows = plan.hashes_to_test()
-        worker = self._repeat_worker if self._repeat_worker is not None else self._start_repeats()
-        if not worker:
+        job = plan.native_job()
+        worker = self._worker if self._worker is not None else self._start_worker()
+        if not worker or job is None:
             plan.prepare()
             return
-        tested: asyncio.Future[bool | None] = loop.create_future()
-        try:
-            worker.submit(rows, tested)
-        except ValueError:  # (rows it does not read: a reversed or column-strided view)
-            plan.prepare()
-            return
-        self._testing.add(tested)
+        done: asyncio.Future[None] = loop.create_future()
+        worker.submit(job, done)
+        self._preparing.add(done)
         try:
             if deadline is None:
-                repeats = await tested
+                await done
             else:
                 try:
-                    repeats = await asyncio.wait_for(tested, deadline - loop.time())
+                    await asyncio.wait_for(done, deadline - loop.time())
                 except asyncio.TimeoutError:
                     raise LookupTimeout(f"lookup did not finish within {limit} s") from None
         finally:
-            self._testing.discard(tested)
-        plan.prepare(repeats)
+            self._preparing.discard(done)
+        plan.prepare(job)
 
-    def _start_repeats(self) -> Any:
-        """Start the repeat worker, or note (False) that it cannot run here."""
+    def _start_worker(self) -> Any:
+        """Start the native worker, or note (False) that it cannot run here."""
         loop = self._loop
         assert loop is not None
         worker: Any = False
-        if _REPEATS is not None:
+        if _WORKER is not None:
             try:
-                worker = _REPEATS.RepeatWorker()
-                loop.add_reader(worker.fileno(), self._repeats_tested)
+                worker = _WORKER.NativeWorker()
+                loop.add_reader(worker.fileno(), self._jobs_done)
             except (OSError, NotImplementedError) as exc:  # (no threads, or a loop without
-                logger.warning("aio_mclookup: testing hashes inline: %r", exc)  # readers)
+                logger.warning("aio_mclookup: preparing plans inline: %r", exc)  # readers)
                 if worker:
                     worker.close()
                 worker = False
-        self._repeat_worker = worker
+        self._worker = worker
         return worker
 
-    def _repeats_tested(self) -> None:
-        """The worker's answers: each to its lookup, unless that one gave up waiting."""
-        for tested, repeats in self._repeat_worker.collect():
-            if not tested.done():
-                tested.set_result(repeats)
+    def _jobs_done(self) -> None:
+        """Wake each lookup whose job the worker ran, unless it gave up waiting."""
+        for done in self._worker.collect():
+            if not done.done():
+                done.set_result(None)
 
-    def _stop_repeat_worker(self) -> None:
-        worker, self._repeat_worker = self._repeat_worker, False
+    def _stop_worker(self) -> None:
+        worker, self._worker = self._worker, False
         assert self._loop is not None
         self._loop.remove_reader(worker.fileno())
         worker.close()
-        for tested in self._testing:  # (the lookups still waiting for it)
-            if not tested.done():
-                tested.set_exception(ClosedError("the coordinator was closed"))
+        for done in self._preparing:  # (the lookups still waiting for it)
+            if not done.done():
+                done.set_exception(ClosedError("the coordinator was closed"))
 
     def _expire(self, lookup: LookupState, limit: float | None) -> None:
         self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))

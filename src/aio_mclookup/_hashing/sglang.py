@@ -24,7 +24,7 @@ from .. import _native
 from .._errors import InvalidRequest
 from ._inputs import MAX_TOKENS, token_list
 
-__all__ = ["namespace_seed", "page_hashes", "token_ids_q"]
+__all__ = ["PendingPages", "namespace_seed", "narrow_token_ids", "page_hashes", "token_ids_q"]
 
 _C: Any = _native.load("aio_mclookup._hashing._chain_c")
 """The compiled chains (``_chain_c.c``), or ``None``: the Python loop of :func:`_chain`."""
@@ -82,6 +82,63 @@ def token_ids_q(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uin
     except (TypeError, OverflowError):
         raise _bad_id(ids) from None
     return np.frombuffer(packed, dtype=np.int64)
+
+
+def narrow_token_ids(token_ids: object) -> npt.NDArray[np.uint32] | None:
+    """The ids as uint32 when every one fits (the usual prompt; then no page of them can be
+    refused or wide), else None; :class:`InvalidRequest` for what is not token ids at all."""
+    tokens = _narrow(token_ids)
+    return tokens if tokens.dtype == np.uint32 else None  # type: ignore[return-value]
+
+
+class PendingPages:
+    """The hashes of a prompt's first ``pages`` pages, of ids that all fit 32 bits, not
+    computed yet: :meth:`job` is the chain as a native job (``_chain_c``) for the
+    coordinator's worker thread, :meth:`digests` the hashes (from that job once it ran, or
+    computed now)."""
+
+    __slots__ = ("_bodies", "_seed", "_width", "pages")
+
+    def __init__(
+        self,
+        tokens: npt.NDArray[np.uint32],
+        *,
+        pages: int,
+        page_size: int,
+        eagle: bool,
+        seed: bytes | None,
+    ) -> None:
+        units = pages * page_size
+        if eagle:  # (a bigram page also reads the next page's first token)
+            ids = np.empty((units, 2), dtype="<u4")
+            ids[:, 0] = tokens[:units]
+            ids[:, 1] = tokens[1 : units + 1]
+        else:
+            ids = tokens[:units].astype("<u4", copy=False)
+        self._bodies = ids.tobytes()  # (a copy nobody else holds: the thread reads it)
+        self._width = len(self._bodies) // pages if pages else 1
+        self._seed = seed or b""
+        self.pages = pages
+
+    def job(self) -> object | None:
+        """The chain as a native job, or None (no compiled extension)."""
+        return None if _C is None else _C.pages_job(self._seed, self._bodies, self._width)
+
+    def digests(self, job: object | None = None) -> npt.NDArray[np.uint8]:
+        """The (pages, 32) digests: from ``job`` once the worker ran it, else computed now."""
+        if job is not None:
+            raw: bytes = _C.page_digests(job)
+        elif not self.pages:
+            raw = b""
+        elif _C is not None:
+            raw = b"".join(_C.pages(self._seed, self._bodies, self._width))
+        else:
+            width, bodies = self._width, self._bodies
+            raw = b"".join(_chain(
+                [bodies[i : i + width] for i in range(0, len(bodies), width)],
+                self._seed or None,
+            ))
+        return np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32)
 
 
 def _narrow(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uint32]:

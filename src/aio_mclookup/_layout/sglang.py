@@ -15,7 +15,13 @@ from typing import Any
 from .._checks import integer, positive_int
 from .._errors import InvalidRequest
 from .._plan.hashes import HashInput
-from .._plan.sglang import SGLangPlan, build_sglang_plan, query_pages
+from .._plan.sglang import (
+    SGLangPlan,
+    build_sglang_plan,
+    declined,
+    pending_sglang_plan,
+    query_pages,
+)
 from .._public import present_as_public
 from .sglang_geometry import SGLangGeometry, key_parts
 
@@ -31,6 +37,12 @@ _FIELDS = (
 )
 _DEFAULT_THRESHOLD = 256
 """SGLang's default ``prefetch_threshold``."""
+
+
+_OFF_LOOP_PAGES = 16
+"""From this many probed pages, :meth:`SGLangLayout.plan_tokens` leaves the page hashing to
+the plan's preparation, on the coordinator's worker thread (docs/design.md, "Preparing plans
+off the loop": below it the trip costs the event loop more than the chain it saves)."""
 
 
 class SGLangLayout:
@@ -217,6 +229,38 @@ class SGLangLayout:
         of 32-byte digests, or a (n, 32) uint8 array). For prompt logprobs from position
         ``L`` pass ``L + 1``."""
         return build_sglang_plan(self._geometry, num_tokens, page_hashes)
+
+    def plan_tokens(
+        self, token_ids: object, extra_key: str | None = None, cache_salt: str | None = None
+    ) -> SGLangPlan:
+        """:meth:`plan` of a prompt from its token ids, the same plan as ``plan(len(token_ids),
+        page_hashes(token_ids, extra_key, cache_salt))``; where every id fits 32 bits (the
+        usual prompt) and the prompt has :data:`_OFF_LOOP_PAGES` probed pages or more, its
+        pages are hashed when it is prepared: :meth:`LookupCoordinator.lookup_tokens` does
+        that on its worker thread, off the event loop."""
+        from .._hashing.sglang import PendingPages, namespace_seed, narrow_token_ids
+
+        seed = namespace_seed(extra_key, cache_salt)
+        tokens = narrow_token_ids(token_ids)
+        if tokens is None:  # (ids of wide pages, or refused: page_hashes hashes or names them)
+            hashes = self.page_hashes(token_ids, extra_key, cache_salt)
+            return self.plan(len(token_ids), hashes)  # type: ignore[arg-type]
+        geometry = self._geometry
+        n = tokens.size
+        pages = query_pages(n, self.page_size, self.eagle)
+        if declined(geometry, pages):
+            return build_sglang_plan(geometry, n, ())
+        chain = PendingPages(
+            tokens,
+            pages=pages,
+            page_size=self.page_size,
+            eagle=self.eagle,
+            seed=None if self.sglang_version == "0.5.17" else seed,
+        )
+        plan = pending_sglang_plan(geometry, n, chain)
+        if pages < _OFF_LOOP_PAGES:
+            plan.prepare()
+        return plan
 
     # ------------------------------------------------------------------------ dict form
     @classmethod

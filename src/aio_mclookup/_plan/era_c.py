@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import _native
 from .._arrays import BoolArray, IntArray
 from .._checks import integer
 from .._layout.geometry import Geometry
@@ -71,13 +72,25 @@ class EraCPlan(LookupPlan):
             else:
                 self._hash_ids = _hash_ids(hash_source)
 
-    def hashes_to_test(self) -> npt.NDArray[np.uint8] | None:
-        source = self._hash_source
-        return source.array if source is not None and not self._lone else None
+    @property
+    def needs_preparing(self) -> bool:
+        return self._hash_source is not None and not self._lone
 
-    def prepare(self, repeats: bool | None = None) -> None:
-        """Find :attr:`hash_ids`: none when ``repeats`` is False, else by the test here."""
-        if repeats is False and self._hash_source is not None:
+    def native_job(self) -> object | None:
+        """The repeated-hash test of the hashes as a native job (``_repeats_c``)."""
+        source = self._hash_source
+        if _REPEATS is None or source is None or self._lone:
+            return None
+        try:
+            job: object = _REPEATS.test_job(source.array)
+        except ValueError:  # (rows it does not read: a reversed or column-strided view)
+            return None
+        return job
+
+    def prepare(self, job: object | None = None) -> None:
+        """Find :attr:`hash_ids`: none when the test ``job`` found no repeats, else by the
+        test here."""
+        if job is not None and _REPEATS.verdict(job) is False and self._hash_source is not None:
             self._hash_ids = None
             self._hash_source = None
         self.hash_ids  # noqa: B018 (computed and kept by the property)
@@ -265,10 +278,14 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
     )
 
 
+_REPEATS: Any = _native.load("aio_mclookup._plan._repeats_c")
+"""The repeated-hash test as a native job (``_repeats_c.c``), or ``None``: it runs inline."""
+
 _PREPARED_HASHES = 4096
 """From this many hashes (an immutable array), a plan that needs the repeated-hash test leaves
 it to :meth:`EraCPlan.prepare`: reading a large cold array and sorting its fingerprints then
-costs far more than handing it to a worker thread (docs/design.md, "Preparing large plans")."""
+costs far more than handing it to a worker thread (docs/design.md, "Preparing plans off the
+loop")."""
 
 
 def _hash_ids(hashes: RequestHashes) -> IntArray | None:

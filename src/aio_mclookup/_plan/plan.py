@@ -87,19 +87,17 @@ class LookupPlan:
 
     @property
     def needs_preparing(self) -> bool:
-        """Work is left before probing (:meth:`prepare`: the repeated-hash test of
-        :meth:`hashes_to_test`), which the coordinator keeps off its event loop where it
-        can."""
-        return self.hashes_to_test() is not None
+        """Work is left before probing (:meth:`prepare`), which the coordinator runs off its
+        event loop where it can (:meth:`native_job`)."""
+        return False
 
-    def hashes_to_test(self) -> npt.NDArray[np.uint8] | None:
-        """The hash rows whose repeated-hash test :meth:`prepare` would run (an array nobody
-        writes to), or None."""
+    def native_job(self) -> object | None:
+        """That work as a native job (``_native_job.h``) for the coordinator's worker thread,
+        or None: :meth:`prepare` then does all of it."""
         return None
 
-    def prepare(self, repeats: bool | None = None) -> None:
-        """Do that work now; ``repeats`` is the verdict of the repeated-hash test of
-        :meth:`hashes_to_test` when it ran elsewhere (False: no two rows are equal)."""
+    def prepare(self, job: object | None = None) -> None:
+        """Finish that work: from the :meth:`native_job` the worker ran, or all of it now."""
 
     @property
     def groups(self) -> tuple[GroupProbe, ...]:

@@ -9,7 +9,7 @@ order, a page's keys in every rank as one item, and settles at the first page an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +25,10 @@ from .keys import ITEM_END, ints
 from .plan import LookupPlan
 from .probe import GroupProbe
 
-__all__ = ["SGLangPlan", "build_sglang_plan", "query_pages"]
+__all__ = [
+    "PageChain", "SGLangPlan", "build_sglang_plan", "declined", "pending_sglang_plan",
+    "query_pages",
+]
 
 _FEW_KEYS = 48
 """Fewer keys than this are built by concatenation: faster than the array path."""
@@ -40,16 +43,30 @@ def query_pages(num_tokens: int, page_size: int, eagle: bool) -> int:
     return units // page_size
 
 
+class PageChain(Protocol):
+    """The page hashes of a plan's probed pages, not computed yet (``_hashing.sglang``'s
+    :class:`PendingPages`)."""
+
+    pages: int
+
+    def job(self) -> object | None:
+        """The chain as a native job for the coordinator's worker thread, or None."""
+
+    def digests(self, job: object | None = None) -> npt.NDArray[np.uint8]:
+        """The (pages, 32) digests: from the native job that ran, or computed now."""
+
+
 class SGLangPlan(LookupPlan):
     """The keys one SGLang L3 lookup probes (page-major, then rank slot: ``plan.keys`` as
     UTF-8 ``bytes``) and :meth:`resolve`, SGLang's hit in tokens from the answers.
 
     ``token_len`` and ``num_tokens`` are the request's length; ``pages`` the pages probed
     (0 when the prefetch threshold declines the query: then there are no keys, and the hit
-    is 0).
+    is 0). A plan made from token ids may have its page hashes still to compute (``chain``):
+    :meth:`prepare` (the coordinator's worker thread) computes them before it is probed.
     """
 
-    __slots__ = ("_sglang", "num_tokens", "pages")
+    __slots__ = ("_chain", "_sglang", "num_tokens", "pages")
 
     def __init__(
         self,
@@ -57,11 +74,31 @@ class SGLangPlan(LookupPlan):
         num_tokens: int,
         groups: tuple[GroupProbe, ...],
         pages: int,
+        chain: PageChain | None = None,
     ) -> None:
         super().__init__(geometry, num_tokens, groups, pages * geometry.keys_per_page, False)
         self._sglang = geometry
         self.num_tokens = num_tokens
         self.pages = pages
+        self._chain = chain
+
+    # ------------------------------------------------------------------------- preparing
+    @property
+    def needs_preparing(self) -> bool:
+        """Its page hashes are still to compute."""
+        return self._chain is not None
+
+    def native_job(self) -> object | None:
+        """The page chain as a native job (``_chain_c``), or None."""
+        chain = self._chain
+        return None if chain is None else chain.job()
+
+    def prepare(self, job: object | None = None) -> None:
+        """Compute the page hashes (or take them from the ``job`` the worker ran)."""
+        chain = self._chain
+        if chain is not None:
+            self._groups = (_page_probe(chain.digests(job), self.pages),)
+            self._chain = None
 
     # ------------------------------------------------------------------------- structure
     @property
@@ -243,7 +280,7 @@ def build_sglang_plan(
     hashes = RequestHashes(page_hashes)
     page = geometry.page_size
     pages = query_pages(n, page, geometry.eagle)
-    if pages * page < geometry.prefetch_threshold or not pages:  # no query: the hit is 0
+    if declined(geometry, pages):  # no query: the hit is 0
         return SGLangPlan(geometry, n, (), 0)
     if hashes.count < pages:
         raise InvalidRequest(
@@ -258,7 +295,24 @@ def build_sglang_plan(
             "page_hashes must be 32-byte SHA-256 digests (layout.page_hashes gives them)",
             field="page_hashes",
         )
-    probe = GroupProbe(
+    return SGLangPlan(geometry, n, (_page_probe(rows, pages),), pages)
+
+
+def pending_sglang_plan(geometry: SGLangGeometry, num_tokens: int, chain: PageChain) -> SGLangPlan:
+    """The plan of a request of ``num_tokens`` tokens whose ``chain.pages`` probed pages (not
+    :func:`declined`) are hashed when it is prepared."""
+    return SGLangPlan(geometry, num_tokens, (), chain.pages, chain)
+
+
+def declined(geometry: SGLangGeometry, pages: int) -> bool:
+    """Whether SGLang queries no page of a request that would probe ``pages``: none, or
+    fewer tokens than the prefetch threshold."""
+    return not pages or pages * geometry.page_size < geometry.prefetch_threshold
+
+
+def _page_probe(rows: npt.NDArray[np.uint8], pages: int) -> GroupProbe:
+    """The one group of an SGLang plan: its pages' hashes, ``rows`` (pages, 32)."""
+    return GroupProbe(
         group_id=0,
         chunks=np.arange(pages, dtype=np.int64),
         limit=pages,
@@ -267,4 +321,3 @@ def build_sglang_plan(
         hash_rows=rows,
         unprobed_ids=None,
     )
-    return SGLangPlan(geometry, n, (probe,), pages)

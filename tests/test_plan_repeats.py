@@ -1,7 +1,7 @@
-"""Large plans' repeated-hash test off the event loop (``_coordinator/_repeats_c.c`` and the
-shell's preparation of plans): the native test agrees with ``_rows.rows_repeat``, the worker
-hands every job back once, and lookups through it (or inline, on the pure-Python path and
-under trio) give the plan's own results."""
+"""Large plans' repeated-hash test off the event loop (``_plan/_repeats_c.c``, run by the
+shell's native worker when it prepares plans): the native test agrees with
+``_rows.rows_repeat``, as a job too, and lookups through the worker (or inline, on the
+pure-Python path and under trio) give the plan's own results."""
 
 from __future__ import annotations
 
@@ -19,13 +19,18 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup._coordinator import shell
+from aio_mclookup._plan import era_c
 from aio_mclookup._plan.era_c import EraCPlan
 from aio_mclookup._rows import rows_repeat
 from helpers import chain
 
-BUILT = importlib.util.find_spec("aio_mclookup._coordinator._repeats_c") is not None
-needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
-C: Any = importlib.import_module("aio_mclookup._coordinator._repeats_c") if BUILT else None
+BUILT = all(
+    importlib.util.find_spec(f"aio_mclookup.{name}") is not None
+    for name in ("_plan._repeats_c", "_coordinator._worker_c")
+)
+needs_build = pytest.mark.skipif(not BUILT, reason="the C extensions are not built")
+C: Any = importlib.import_module("aio_mclookup._plan._repeats_c") if BUILT else None
+W: Any = importlib.import_module("aio_mclookup._coordinator._worker_c") if BUILT else None
 
 DSV4_LIKE = mcl.KVLayout(
     [mcl.FullAttention(256), mcl.SlidingWindow(64, sliding_window=128),
@@ -75,53 +80,34 @@ def test_the_native_test_refuses_other_shapes() -> None:
                 np.zeros((4, 4), dtype=np.uint8)[::-1]):
         with pytest.raises(ValueError, match="2-D array of uint8"):
             C.repeats(bad)
-    worker = C.RepeatWorker()
-    try:
         with pytest.raises(ValueError, match="2-D array of uint8"):
-            worker.submit(np.zeros(8, dtype=np.uint8), "t")
-    finally:
-        assert worker.close() == []
-    with pytest.raises(RuntimeError, match="closed"):
-        worker.submit(np.zeros((2, 2), dtype=np.uint8), "t")
-    with pytest.raises(TypeError):
-        C.RepeatWorker(1)
+            C.test_job(bad)
 
 
-# ------------------------------------------------------------------------------ the worker
+# ------------------------------------------------------------------------------ as a job
 @needs_build
-def test_the_worker_hands_every_test_back_once() -> None:
+def test_test_jobs_on_the_worker_give_the_tests_verdicts() -> None:
     rng = np.random.default_rng(5)
     arrays = [rng.integers(0, 256, size=(int(n), 32), dtype=np.uint8)
               for n in rng.integers(0, 5000, 40)]
     for i in range(0, 40, 3):
         if len(arrays[i]) > 1:
             arrays[i][-1] = arrays[i][0]
-    worker = C.RepeatWorker()
+    jobs = [C.test_job(rows) for rows in arrays]
+    with pytest.raises(RuntimeError, match="not run"):
+        C.verdict(jobs[0])
+    worker = W.NativeWorker()
     try:
-        for i, rows in enumerate(arrays):
-            worker.submit(rows, i)
-        got: dict[int, bool] = {}
+        for i, job in enumerate(jobs):
+            worker.submit(job, i)
+        got: set[int] = set()
         while len(got) < len(arrays):
             readable, _, _ = select.select([worker.fileno()], [], [], 10)
             assert readable, "the worker stalled"
-            for token, repeats in worker.collect():
-                assert token not in got
-                got[token] = repeats
-        assert got == {i: rows_repeat(rows) for i, rows in enumerate(arrays)}
-        assert worker.collect() == []
+            got.update(worker.collect())
+        assert [C.verdict(job) for job in jobs] == [rows_repeat(rows) for rows in arrays]
     finally:
         assert worker.close() == []
-
-
-@needs_build
-def test_closing_the_worker_returns_the_tests_not_handed_back() -> None:
-    big = np.random.default_rng(6).integers(0, 256, size=(200_000, 32), dtype=np.uint8)
-    worker = C.RepeatWorker()
-    for i in range(20):
-        worker.submit(big, i)
-    left = worker.close()
-    assert sorted(left) == list(range(20))  # (none collected: all handed back here)
-    assert worker.collect() == []
 
 
 # ------------------------------------------------------------------------ through lookups
@@ -135,13 +121,14 @@ def _expected(layout: mcl.KVLayout, num_tokens: int, hashes: list[bytes],
 
 
 def _recording_verdicts(monkeypatch: pytest.MonkeyPatch) -> list[bool | None]:
-    """The ``repeats`` every plan is prepared with, from now on."""
+    """The verdict of the test job every plan is prepared with, from now on (None: no job,
+    or one that could not tell)."""
     verdicts: list[bool | None] = []
     prepare = EraCPlan.prepare
 
-    def recorded(plan: EraCPlan, repeats: bool | None = None) -> None:
-        verdicts.append(repeats)
-        prepare(plan, repeats)
+    def recorded(plan: EraCPlan, job: object | None = None) -> None:
+        verdicts.append(None if job is None else C.verdict(job))
+        prepare(plan, job)
 
     monkeypatch.setattr(EraCPlan, "prepare", recorded)
     return verdicts
@@ -151,7 +138,7 @@ def _settled(coord: mcl.LookupCoordinator) -> None:
     """Nothing left reserved by admission, nor waiting for the worker."""
     admission = coord._admission
     assert admission.reserved_lookups == admission.reserved_keys == 0
-    assert not coord._testing
+    assert not coord._preparing
 
 
 @pytest.mark.parametrize("backend", LOOPS)
@@ -176,21 +163,21 @@ def test_large_plans_prepared_off_the_loop_give_the_plans_own_results(
             results = await asyncio.gather(*(
                 coord.lookup_result(n, _frozen(hashes)) for n in lengths
             )) if backend == "asyncio" else got
-            worker = coord._repeat_worker
+            worker = coord._worker
         assert got == want
         assert list(results) == want
         if backend == "asyncio":  # trio prepares inline; so does the pure-Python path
-            assert bool(worker) == (shell._REPEATS is not None)
-            assert coord._repeat_worker is False  # (stopped at close)
+            assert bool(worker) == (shell._WORKER is not None)
+            assert coord._worker is False  # (stopped at close)
             _settled(coord)
             # every plan prepared once, with the worker's verdict (None: tested inline)
             rows = [min(n // 4 + 5, 8192) for n in lengths] + [8192] * len(lengths)
             want_verdicts = [repeated and count > 6000 for count in rows if count >= 4096]
-            if not worker:
+            if not worker or era_c._REPEATS is None:
                 want_verdicts = [None] * len(want_verdicts)
             assert sorted(verdicts, key=str) == sorted(want_verdicts, key=str)
-        else:
-            assert verdicts == []  # (trio: the plan tests its hashes when first asked)
+        else:  # (trio: each plan prepares inline, when it begins)
+            assert verdicts == [None] * sum(min(n // 4 + 5, 8192) >= 4096 for n in lengths)
 
     anyio.run(main, backend=backend)
 
@@ -210,7 +197,7 @@ async def test_a_lookup_given_up_while_its_hashes_are_tested_hurts_no_other() ->
         assert isinstance(done[3], asyncio.CancelledError)
         assert [done[i] for i in (1, 2, 4, 5)] == [want] * 4
         assert await coord.lookup_result(8192 * 4, rows) == want
-        if coord._repeat_worker:  # the deadline holds while the test runs on the worker
+        if coord._worker:  # the deadline holds while the test runs on the worker
             rounds = coord.stats().rounds_total
             with pytest.raises(mcl.LookupTimeout):
                 await coord.lookup_result(8192 * 4, rows, timeout=1e-9)
@@ -233,7 +220,8 @@ async def test_closing_while_hashes_are_tested_fails_those_lookups_with_closed_e
 def test_small_or_writable_hashes_are_tested_at_once() -> None:
     hashes = chain(8192, b"doc")
     assert DSV4_LIKE.plan(8192 * 4, _frozen(hashes)).needs_preparing
-    assert DSV4_LIKE.plan(8192 * 4, _frozen(hashes)).hashes_to_test() is not None
+    if BUILT and era_c._REPEATS is not None:
+        assert DSV4_LIKE.plan(8192 * 4, _frozen(hashes)).native_job() is not None
     writable = _frozen(hashes).copy()
     assert not DSV4_LIKE.plan(8192 * 4, writable).needs_preparing  # (read now: it may change)
     assert not DSV4_LIKE.plan(8192 * 4, hashes).needs_preparing  # (a list: read now)
@@ -244,7 +232,7 @@ def test_small_or_writable_hashes_are_tested_at_once() -> None:
     repeated = list(hashes)
     repeated[7000] = repeated[3]
     plan = DSV4_LIKE.plan(8192 * 4, _frozen(repeated))
-    plan.prepare(True)  # (a verdict of repeats: the ids are found here)
+    plan.prepare()  # (no job: the ids are found here)
     assert plan.hash_ids is not None and plan.hash_ids[7000] == 3
 
 
@@ -341,5 +329,5 @@ async def test_hashes_whose_mixes_collide_are_tested_inline_after_the_worker_giv
         assert await coord.lookup_result(8192 * 4, rows) == want
         _settled(coord)
     assert verdicts == [None]
-    if BUILT and shell._REPEATS is not None:
+    if BUILT and era_c._REPEATS is not None:
         assert C.repeats(rows) is None

@@ -1,0 +1,106 @@
+"""The coordinator's native worker (``_coordinator/_worker_c.c``): it runs native jobs of
+any maker (``_plan/_repeats_c``'s tests, ``_hashing/_chain_c``'s page chains) off the
+event loop, hands each back once, refuses what is not a fresh job, and gives back at close
+the tokens of the jobs it never handed back."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import select
+from typing import Any
+
+import numpy as np
+import pytest
+
+NAMES = ("_coordinator._worker_c", "_plan._repeats_c", "_hashing._chain_c")
+BUILT = all(importlib.util.find_spec(f"aio_mclookup.{name}") is not None for name in NAMES)
+pytestmark = pytest.mark.skipif(not BUILT, reason="the C extensions are not built")
+W, R, H = (importlib.import_module(f"aio_mclookup.{name}") if BUILT else None for name in NAMES)
+
+
+def _collect_all(worker: Any, count: int) -> list[Any]:
+    got: list[Any] = []
+    while len(got) < count:
+        readable, _, _ = select.select([worker.fileno()], [], [], 10)
+        assert readable, "the worker stalled"
+        got += worker.collect()
+    return got
+
+
+def test_jobs_of_both_makers_are_run_and_handed_back_once() -> None:
+    rng = np.random.default_rng(3)
+    ids = [rng.integers(0, 2**32, size=64 * int(p), dtype=np.uint32).tobytes()
+           for p in rng.integers(0, 80, 20)]
+    rows = [rng.integers(0, 256, size=(int(n), 32), dtype=np.uint8)
+            for n in rng.integers(0, 3000, 20)]
+    seeds = [b"", bytes(range(32))]
+    pages = [H.pages_job(seeds[i % 2], body, 256) for i, body in enumerate(ids)]
+    tests = [R.test_job(r) for r in rows]
+    worker = W.NativeWorker()
+    try:
+        for i, job in enumerate(pages):
+            worker.submit(job, ("pages", i))
+        for i, job in enumerate(tests):
+            worker.submit(job, ("test", i))
+        got = _collect_all(worker, 40)
+        assert sorted(got) == sorted([("pages", i) for i in range(20)]
+                                     + [("test", i) for i in range(20)])
+        assert worker.collect() == []
+    finally:
+        assert worker.close() == []
+    for i, body in enumerate(ids):
+        want = H.pages(seeds[i % 2], np.frombuffer(body, dtype=np.uint32), 256)
+        assert H.page_digests(pages[i]) == b"".join(want)
+    for job, r in zip(tests, rows):
+        assert R.verdict(job) is (bool(len(np.unique(r, axis=0)) < len(r)) if len(r) else False)
+
+
+def test_what_is_not_a_fresh_job_is_refused() -> None:
+    worker = W.NativeWorker()
+    try:
+        for bad in ("job", None, np.zeros(4)):
+            with pytest.raises(ValueError):
+                worker.submit(bad, "t")
+        job = R.test_job(np.zeros((3, 32), dtype=np.uint8))
+        worker.submit(job, "t")
+        with pytest.raises(ValueError, match="already submitted"):
+            worker.submit(job, "again")
+        assert _collect_all(worker, 1) == ["t"]
+        assert R.verdict(job) is True
+        with pytest.raises(TypeError, match="not a pages job"):
+            H.page_digests(job)
+        with pytest.raises(TypeError, match="not a repeated-hash test job"):
+            R.verdict(H.pages_job(b"", b"\0" * 8, 4))
+        with pytest.raises(RuntimeError, match="not run"):
+            H.page_digests(H.pages_job(b"", b"\0" * 8, 4))
+        with pytest.raises(TypeError, match="bytes"):
+            H.pages_job(b"", bytearray(8), 4)  # (writable: the thread reads it unlocked)
+        with pytest.raises(ValueError, match="whole number"):
+            H.pages_job(b"", b"\0" * 9, 4)
+    finally:
+        assert worker.close() == []
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.submit(R.test_job(np.zeros((2, 2), dtype=np.uint8)), "t")
+    with pytest.raises(TypeError):
+        W.NativeWorker(1)
+
+
+def test_closing_returns_the_tokens_of_the_jobs_not_handed_back() -> None:
+    big = np.random.default_rng(6).integers(0, 256, size=(200_000, 32), dtype=np.uint8)
+    worker = W.NativeWorker()
+    jobs = [R.test_job(big) for _ in range(20)]
+    for i, job in enumerate(jobs):
+        worker.submit(job, i)
+    left = worker.close()
+    assert sorted(left) == list(range(20))  # (none collected: all handed back here)
+    assert worker.collect() == []
+    del jobs, left  # (the jobs outlive the worker's hold on them, and are freed after)
+
+
+def test_a_worker_dropped_with_jobs_queued_frees_them() -> None:
+    body = np.arange(64 * 512, dtype=np.uint32).tobytes()
+    worker = W.NativeWorker()
+    for i in range(50):
+        worker.submit(H.pages_job(b"", body, 256), i)
+    del worker  # (joins the thread, releases every job: no crash, no hang)
