@@ -78,6 +78,8 @@ def test_what_is_not_a_fresh_job_is_refused() -> None:
             H.pages_job(b"", bytearray(8), 4)  # (writable: the thread reads it unlocked)
         with pytest.raises(ValueError, match="whole number"):
             H.pages_job(b"", b"\0" * 9, 4)
+        with pytest.raises(ValueError, match="shorter"):
+            H.pages_job(b"", b"\0" * 9, 4, 3)
     finally:
         assert worker.close() == []
     with pytest.raises(RuntimeError, match="closed"):
@@ -104,3 +106,31 @@ def test_a_worker_dropped_with_jobs_queued_frees_them() -> None:
     for i in range(50):
         worker.submit(H.pages_job(b"", body, 256), i)
     del worker  # (joins the thread, releases every job: no crash, no hang)
+
+
+def test_a_job_of_the_first_pages_reads_no_further() -> None:
+    body = np.arange(64 * 10 + 7, dtype=np.uint32).tobytes()  # (10 pages and a part)
+    job = H.pages_job(b"", body, 256, 6)
+    worker = W.NativeWorker()
+    try:
+        worker.submit(job, 0)
+        assert _collect_all(worker, 1) == [0]
+    finally:
+        worker.close()
+    want = H.pages(b"", np.frombuffer(body[: 6 * 256], dtype=np.uint32), 256)
+    assert H.page_digests(job) == b"".join(want)
+
+
+def test_no_wake_is_lost_when_jobs_finish_while_others_are_collected() -> None:
+    # (the worker writes to the pipe only for the first job done since a collect: every job
+    # must still be handed back, whatever the interleaving of runs and collects)
+    body = np.arange(64 * 4, dtype=np.uint32).tobytes()
+    worker = W.NativeWorker()
+    try:
+        for round_ in range(300):
+            for i in range(round_ % 4 + 1):
+                worker.submit(H.pages_job(b"", body, 256), (round_, i))
+            got = _collect_all(worker, round_ % 4 + 1)
+            assert sorted(got) == [(round_, i) for i in range(round_ % 4 + 1)]
+    finally:
+        assert worker.close() == []

@@ -60,6 +60,34 @@ def app(layout: SGLangLayout, store: Any, **options: Any) -> Any:
 
 
 # ------------------------------------------------------------------------- in process
+async def test_narrow_token_ids_are_hashed_by_the_coordinator_not_the_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (ids that all fit 32 bits reach LookupCoordinator.lookup_tokens, which hashes their
+    # pages off the event loop: the layout's page_hashes is never called for them)
+    store = FakeStore()
+    doc = tokens(120)
+    store.add(stored_keys(LAYOUT, doc, 20, extra_key="k"))
+    cuts = [30, 81, 120]
+    want = [await oracle(LAYOUT, store, n + 1, LAYOUT.page_hashes([*doc[:n], 7], extra_key="k"))
+            for n in cuts]
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the route hashed narrow ids itself")
+
+    monkeypatch.setattr(SGLangLayout, "page_hashes", refused)
+    async with serve(app(LAYOUT, store)) as client:
+        for n, hit in zip(cuts, want):
+            r = await client.post("/v1/lookup", json={"token_ids": [*doc[:n], 7],
+                                                      "extra_key": "k"})
+            assert r.status_code == 200, r.text
+            assert r.json() == {"hit_tokens": hit}
+        batch = {"requests": [{"token_ids": [*doc[:n], 7], "extra_key": "k"} for n in cuts]}
+        r = await client.post("/v1/lookup/batch", json=batch)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"hit_tokens": want}
+
+
 @pytest.mark.parametrize("layout", [LAYOUT, *OTHERS], ids=lambda x: repr(x)[13:40])
 async def test_token_ids_and_hashes_answer_sglangs_hit(layout: SGLangLayout) -> None:
     store = FakeStore()

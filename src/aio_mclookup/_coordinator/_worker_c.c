@@ -56,13 +56,20 @@ run(void *arg)
             w->todo_tail = NULL;
         pthread_mutex_unlock(&w->lock);
         entry->job->run(entry->job);
-        pthread_mutex_lock(&w->lock);
         __atomic_store_n(&entry->job->ran, 1, __ATOMIC_RELEASE);
+        pthread_mutex_lock(&w->lock);
         entry->next = w->done;
         w->done = entry;
-        char byte = 1;
-        ssize_t ignored = write(w->write_fd, &byte, 1); /* full: a wake is pending anyway */
-        (void)ignored;
+        if (!entry->next) {
+            /* The first job done since the last collect wakes the loop; collect drains the
+             * pipe before it takes the list, so a job that finds the list non-empty is taken
+             * with the jobs before it. (Written outside the lock: submit waits for none.) */
+            pthread_mutex_unlock(&w->lock);
+            char byte = 1;
+            ssize_t ignored = write(w->write_fd, &byte, 1); /* full: a wake is pending */
+            (void)ignored;
+            pthread_mutex_lock(&w->lock);
+        }
     }
     pthread_mutex_unlock(&w->lock);
     return NULL;

@@ -24,7 +24,7 @@
  *       pages of `width` bytes back to back in one buffer (the usual case: every page narrow).
  *   page_list(seed, bodies) -> list[bytes]
  *       a sequence of bodies of any lengths (0.5.23's wide pages among narrow ones).
- *   pages_job(seed, bodies, width) -> job;  page_digests(job) -> bytes
+ *   pages_job(seed, bodies, width[, pages]) -> job;  page_digests(job) -> bytes
  *       pages() as a native job (../_native_job.h) for the coordinator's NativeWorker; the
  *       digests concatenated (n * 32 bytes), once the job ran.
  *
@@ -401,8 +401,9 @@ static PyObject *
 pages_job(PyObject *self, PyObject *args)
 {
     PyObject *seed_obj, *bodies_obj;
-    Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "OOn:pages_job", &seed_obj, &bodies_obj, &width)) return NULL;
+    Py_ssize_t width, pages = -1;
+    if (!PyArg_ParseTuple(args, "OOn|n:pages_job", &seed_obj, &bodies_obj, &width, &pages))
+        return NULL;
     if (width < 1) {
         PyErr_SetString(PyExc_ValueError, "width must be >= 1");
         return NULL;
@@ -426,11 +427,13 @@ pages_job(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *capsule = NULL;
-    if (p->bodies.len % width) {
+    if (pages < 0 && p->bodies.len % width) {
         PyErr_SetString(PyExc_ValueError, "bodies is not a whole number of pages");
+    } else if (pages >= 0 && pages > p->bodies.len / width) {
+        PyErr_SetString(PyExc_ValueError, "bodies is shorter than pages pages");
     } else {
         p->width = (size_t)width;
-        p->n = p->bodies.len / width;
+        p->n = pages < 0 ? p->bodies.len / width : pages;
         p->digests = PyBytes_FromStringAndSize(NULL, p->n * WIDTH);
         p->base.run = run_pages;
         if (p->digests != NULL)
@@ -652,7 +655,8 @@ static PyMethodDef methods[] = {
      "narrow_ids(token_ids, limit): the ids as uint32 little-endian bytes when every one of "
      "at most `limit` ids fits, else None (the Python path reads them)."},
     {"pages_job", pages_job, METH_VARARGS,
-     "pages_job(seed, bodies, width): pages() as a native job (bodies: bytes)."},
+     "pages_job(seed, bodies, width[, pages]): pages() of the first pages pages (default: all) "
+     "as a native job (bodies: bytes)."},
     {"page_digests", page_digests, METH_O,
      "page_digests(job): a pages job's digests, concatenated (bytes), once it ran."},
     {"page_list", page_list, METH_VARARGS,

@@ -84,24 +84,31 @@ def token_ids_q(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uin
     return np.frombuffer(packed, dtype=np.int64)
 
 
-def narrow_token_ids(token_ids: object) -> npt.NDArray[np.uint32] | None:
-    """The ids as uint32 when every one fits (the usual prompt; then no page of them can be
-    refused or wide), else None; :class:`InvalidRequest` for what is not token ids at all."""
-    tokens = _narrow(token_ids)
-    return tokens if tokens.dtype == np.uint32 else None  # type: ignore[return-value]
+def narrow_token_ids(token_ids: object) -> tuple[bytes, int] | None:
+    """The ids packed as little-endian uint32 and their count, when every one fits 32 bits
+    (the usual prompt; then no page of them can be refused or wide), else None;
+    :class:`InvalidRequest` for what is not token ids at all."""
+    if _C is not None and type(token_ids) in (list, tuple, np.ndarray):  # (as _narrow)
+        packed: bytes | None = _C.narrow_ids(token_ids, MAX_TOKENS)
+        if packed is not None:
+            return packed, len(packed) // 4
+    tokens = token_ids_q(token_ids)
+    if tokens.dtype != np.uint32:
+        return None
+    return tokens.astype("<u4", copy=False).tobytes(), tokens.size
 
 
 class PendingPages:
-    """The hashes of a prompt's first ``pages`` pages, of ids that all fit 32 bits, not
-    computed yet: :meth:`job` is the chain as a native job (``_chain_c``) for the
-    coordinator's worker thread, :meth:`digests` the hashes (from that job once it ran, or
-    computed now)."""
+    """The hashes of a prompt's first ``pages`` pages, of ids that all fit 32 bits
+    (:func:`narrow_token_ids`' packed bytes), not computed yet: :meth:`job` is the chain as
+    a native job (``_chain_c``) for the coordinator's worker thread, :meth:`digests` the
+    hashes (from that job once it ran, or computed now)."""
 
     __slots__ = ("_bodies", "_seed", "_width", "pages")
 
     def __init__(
         self,
-        tokens: npt.NDArray[np.uint32],
+        packed: bytes,
         *,
         pages: int,
         page_size: int,
@@ -110,32 +117,36 @@ class PendingPages:
     ) -> None:
         units = pages * page_size
         if eagle:  # (a bigram page also reads the next page's first token)
+            tokens = np.frombuffer(packed, dtype="<u4")
             ids = np.empty((units, 2), dtype="<u4")
             ids[:, 0] = tokens[:units]
             ids[:, 1] = tokens[1 : units + 1]
-        else:
-            ids = tokens[:units].astype("<u4", copy=False)
-        self._bodies = ids.tobytes()  # (a copy nobody else holds: the thread reads it)
-        self._width = len(self._bodies) // pages if pages else 1
+            packed = ids.tobytes()
+        self._bodies = packed  # (immutable: the thread reads it; pages past the last unread)
+        self._width = page_size * (8 if eagle else 4)
         self._seed = seed or b""
         self.pages = pages
 
     def job(self) -> object | None:
         """The chain as a native job, or None (no compiled extension)."""
-        return None if _C is None else _C.pages_job(self._seed, self._bodies, self._width)
+        if _C is None:
+            return None
+        job: object = _C.pages_job(self._seed, self._bodies, self._width, self.pages)
+        return job
 
     def digests(self, job: object | None = None) -> npt.NDArray[np.uint8]:
         """The (pages, 32) digests: from ``job`` once the worker ran it, else computed now."""
+        width, pages = self._width, self.pages
         if job is not None:
             raw: bytes = _C.page_digests(job)
-        elif not self.pages:
+        elif not pages:
             raw = b""
         elif _C is not None:
-            raw = b"".join(_C.pages(self._seed, self._bodies, self._width))
+            raw = b"".join(_C.pages(self._seed, self._bodies[: pages * width], width))
         else:
-            width, bodies = self._width, self._bodies
+            bodies = self._bodies
             raw = b"".join(_chain(
-                [bodies[i : i + width] for i in range(0, len(bodies), width)],
+                [bodies[i : i + width] for i in range(0, pages * width, width)],
                 self._seed or None,
             ))
         return np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32)

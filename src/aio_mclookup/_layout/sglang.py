@@ -241,17 +241,17 @@ class SGLangLayout:
         from .._hashing.sglang import PendingPages, namespace_seed, narrow_token_ids
 
         seed = namespace_seed(extra_key, cache_salt)
-        tokens = narrow_token_ids(token_ids)
-        if tokens is None:  # (ids of wide pages, or refused: page_hashes hashes or names them)
+        narrow = narrow_token_ids(token_ids)
+        if narrow is None:  # (ids of wide pages, or refused: page_hashes hashes or names them)
             hashes = self.page_hashes(token_ids, extra_key, cache_salt)
             return self.plan(len(token_ids), hashes)  # type: ignore[arg-type]
+        packed, n = narrow
         geometry = self._geometry
-        n = tokens.size
         pages = query_pages(n, self.page_size, self.eagle)
         if declined(geometry, pages):
             return build_sglang_plan(geometry, n, ())
         chain = PendingPages(
-            tokens,
+            packed,
             pages=pages,
             page_size=self.page_size,
             eagle=self.eagle,

@@ -239,9 +239,12 @@ _KNOWN = frozenset(LookupRequest.model_fields) - _SGLANG_ONLY
 
 class _Item:
     """One validated lookup: ``token_len`` (plain hit) or ``num_tokens`` (vLLM's scheduler
-    view), the hashes, and the body field they came from."""
+    view), the hashes, and the body field they came from; or, for an SGLang layout, the
+    token ids whose pages the coordinator hashes itself (``tokens``, with their namespace:
+    :meth:`LookupCoordinator.lookup_tokens`)."""
 
-    __slots__ = ("hashes", "num_tokens", "source", "token_len")
+    __slots__ = ("cache_salt", "extra_key", "hashes", "num_tokens", "source", "token_len",
+                 "tokens")
 
     def __init__(
         self, token_len: int | None, num_tokens: int, hashes: HashInput, source: str
@@ -250,6 +253,9 @@ class _Item:
         self.num_tokens = num_tokens
         self.hashes = hashes
         self.source = source
+        self.tokens: np.ndarray[Any, Any] | None = None
+        self.extra_key: str | None = None
+        self.cache_salt: str | None = None
 
 
 def _form(raw: Mapping[str, Any], loc: Loc) -> str:

@@ -195,6 +195,10 @@ async def _answer(coordinator: LookupCoordinator, item: _Item, kwargs: Mapping[s
     if item.token_len is not None:
         result = await coordinator.lookup_result(item.token_len, item.hashes, **kwargs)
         return result.hit_length
+    if item.tokens is not None:  # (SGLang: its pages hashed on the coordinator's worker)
+        return await coordinator.lookup_tokens(
+            item.tokens, extra_key=item.extra_key, cache_salt=item.cache_salt, **kwargs
+        )
     return await coordinator.lookup(item.num_tokens, item.hashes, **kwargs)
 
 

@@ -1,6 +1,8 @@
-"""Lookup bodies against an :class:`~aio_mclookup.SGLangLayout`: token ids hashed with the
-layout's ``page_hashes`` (and the body's ``extra_key`` and ``cache_salt``), or the prompt's page
-hashes as given, checked (widths, counts, vLLM-only fields) before any lookup starts."""
+"""Lookup bodies against an :class:`~aio_mclookup.SGLangLayout`: token ids (their pages hashed
+by the coordinator's ``lookup_tokens``, with the body's ``extra_key`` and ``cache_salt``; ids
+that make wide or refused pages hashed, or refused, here with the layout's ``page_hashes``), or
+the prompt's page hashes as given, checked (widths, counts, vLLM-only fields) before any lookup
+starts."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import InvalidRequest, SGLangLayout
+from .._hashing.sglang import narrow_token_ids
 from ._decode import (
     _decode_hashes,
     _decode_token_ids,
@@ -113,6 +116,10 @@ class SGLangDecoder:
             raise _invalid([*loc, "num_tokens"], "num_tokens must equal len(token_ids)")
         extra_key = _text_field(raw, "extra_key", loc)
         cache_salt = _text_field(raw, "cache_salt", loc)
+        if narrow_token_ids(ids) is not None:  # (no page refused or wide: the coordinator
+            item = _Item(None, len(ids), [], "token_ids")  # hashes them, off its loop)
+            item.tokens, item.extra_key, item.cache_salt = ids, extra_key, cache_salt
+            return item
         try:
             hashes = layout.page_hashes(ids, extra_key=extra_key, cache_salt=cache_salt)
         except InvalidRequest as exc:
