@@ -42,7 +42,7 @@ _DEFAULT_THRESHOLD = 256
 _OFF_LOOP_PAGES = 16
 """From this many probed pages, :meth:`SGLangLayout.plan_tokens` leaves the page hashing to
 the plan's preparation, on the coordinator's worker thread (docs/design.md, "Preparing plans
-off the loop": below it the trip costs the event loop more than the chain it saves)."""
+off the loop": below it the chain is short, and the trip costs the loop about as much)."""
 
 
 class SGLangLayout:
