@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,12 @@ from hypothesis import strategies as st
 
 from aio_mclookup import InvalidRequest
 from aio_mclookup._hashing import sglang
-from aio_mclookup._hashing.sglang import namespace_seed, page_hashes, token_ids_q
+from aio_mclookup._hashing.sglang import (
+    namespace_seed,
+    narrow_token_ids,
+    page_hashes,
+    token_ids_q,
+)
 
 COMPILED = sglang._C
 """The compiled chain this process loaded (None: not built, or pure Python asked for)."""
@@ -245,3 +251,22 @@ def test_a_masked_array_is_read_as_token_ids_q_reads_it() -> None:
             finally:
                 sglang._C = COMPILED
     assert outcomes[0] == outcomes[1] and outcomes[2] == outcomes[3]
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [], [0, 1, 2**32 - 1], [5, -1], [3, 2**32], list(range(300)),
+        np.arange(70, dtype=np.int64), np.arange(70, dtype=np.uint64), np.array([1, -2]),
+        np.arange(9, dtype=np.int32), np.arange(9, dtype=np.uint16),
+        np.array([7, 2**32], dtype=np.uint64), np.arange(12, dtype=">i8"),
+    ],
+    ids=repr,
+)
+def test_narrow_token_ids_packs_exactly_the_prompts_whose_ids_fit_32_bits(ids: Any) -> None:
+    # (the same on the compiled and the pure-Python path: the coordinator then hashes the
+    # pages itself; None sends the ids through page_hashes, which hashes or refuses them)
+    values = [int(x) for x in ids]
+    fits = all(0 <= x < 2**32 for x in values)
+    want = (np.array(values, dtype="<u4").tobytes(), len(values)) if fits else None
+    assert narrow_token_ids(ids) == want

@@ -4,6 +4,7 @@ against the embedded master whose hits are ``plan.resolve`` over every key."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -11,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from aio_mclookup import SGLangLayout
+from aio_mclookup import FakeStore, SGLangLayout
 from aio_mclookup._cli import _config, build_parser, main
 from aio_mclookup._loadgen.baseline import sglang_naive_lookup
-from aio_mclookup._loadgen.results import NAIVE, RunResult
+from aio_mclookup._loadgen.results import COORDINATOR, NAIVE, LoadgenConfig, RunResult
+from aio_mclookup._loadgen.run import Progress, coordinator_run
 from aio_mclookup._loadgen.workload import (
     SGLANG_PRESETS,
     PageHasher,
@@ -131,6 +133,36 @@ async def test_seed_naive_is_one_rpc_per_querying_rank(mla: bool) -> None:
     assert all(k.endswith(b"_k") or k.endswith(b"_v") for k in first)
 
 
+@pytest.mark.parametrize("pages", [64, 8], ids=["off-loop", "inline"])
+async def test_the_coordinator_looks_token_ids_up_with_lookup_tokens(
+    pages: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the coordinator's lookups take the ids: lookup_tokens hashes their pages, on its
+    # worker thread from 16 pages; the layout's page_hashes is never called for them)
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=pages, model_name="m", tp_size=2,
+                          prefetch_threshold=pages)
+    workload = build_workload(layout, WorkloadSpec(sessions=40, system_tokens=(900, 1500),
+                                                   turn_tokens=(10, 300), token_ids=True))
+    store = FakeStore(workload.store_keys())
+    want = _oracle_hits(workload)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the coordinator's run hashed the ids itself")
+
+    monkeypatch.setattr(SGLangLayout, "page_hashes", refused)
+    cfg = LoadgenConfig(layout=layout, layout_source="test", spec=WorkloadSpec(),
+                        concurrency=(16,))
+    result = await coordinator_run(store, workload.requests, cfg, 16, asyncio.Event(),
+                                   Progress(io.StringIO(), False), PageHasher(layout))
+    assert result.mode == COORDINATOR and not result.errors
+    assert [h for _, h in sorted(zip(result.positions, result.hits))] == want and any(want)
+    assert result.hashed_in_lookup and not result.hash_times
+    assert result.to_dict()["hashing"] == {
+        "included_in_latency": True, "in_lookup": "lookup_tokens",
+        "lookups_hashed": len(want),
+    }
+
+
 @pytest.mark.integration
 def test_the_sglang_preset_runs_on_the_embedded_master(
     capsys: pytest.CaptureFixture[str],
@@ -153,6 +185,7 @@ def test_the_sglang_preset_runs_on_the_embedded_master(
         assert run["lookups"] == 60 and run["errors"] == 0
         assert run["hit_tokens"] == want > 0  # plan.resolve over every key, summed
         assert run["hashing"]["lookups_hashed"] == 60
+        assert ("in_lookup" in run["hashing"]) is (run["mode"] == "coordinator")
         if run["mode"] == NAIVE:
             assert 1.0 < run["rpcs_per_lookup"] <= 2.0  # one RPC per rank (TP 2) when asked
     assert data["hits_check"]["equal"] is True and data["hits_check"]["compared"] == 180

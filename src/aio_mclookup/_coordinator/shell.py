@@ -377,9 +377,13 @@ class LookupCoordinator(CoreDriver):
     async def _prepare(self, plan: LookupPlan, deadline: float | None, limit: float | None) -> None:
         """Prepare the plan (:meth:`LookupPlan.prepare`): its native job runs on the worker
         thread while the event loop goes on with other lookups, within the lookup's deadline;
-        inline where that thread cannot run."""
+        inline where that thread cannot run, or when no other lookup or RPC is under way."""
         loop = self._loop
         assert loop is not None
+        core = self._core
+        if not (core.lookups or core.rpcs_in_flight or self._preparing):
+            plan.prepare()  # (nothing else to go on with meanwhile: the trip is latency only)
+            return
         job = plan.native_job()
         worker = self._worker if self._worker is not None else self._start_worker()
         if not worker or job is None:

@@ -93,9 +93,11 @@ def narrow_token_ids(token_ids: object) -> tuple[bytes, int] | None:
         if packed is not None:
             return packed, len(packed) // 4
     tokens = token_ids_q(token_ids)
-    if tokens.dtype != np.uint32:
+    if tokens.dtype != np.uint32 and tokens.size and (
+        int(tokens.min()) < 0 or int(tokens.max()) > _U32_MAX
+    ):
         return None
-    return tokens.astype("<u4", copy=False).tobytes(), tokens.size
+    return tokens.astype("<u4").tobytes(), tokens.size
 
 
 class PendingPages:

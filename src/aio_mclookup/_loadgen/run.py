@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from .._errors import Error, StoreError
 from .._hashing import BlockHasher
+from .._layout.sglang import SGLangLayout
 from .._store.etcd import etcd_endpoints
 from .baseline import Lookup, RawClient, naive_lookup
 from .results import COORDINATOR, NAIVE, LoadgenConfig, LoadgenReport, RunResult
@@ -168,7 +169,9 @@ async def coordinator_run(
     hasher: BlockHasher | PageHasher | None = None,
 ) -> RunResult:
     """One coordinator run. With ``hasher`` (a token-id workload) each lookup first hashes its
-    request's token ids, timed into ``result.hash_times`` and included in its latency."""
+    request's token ids, timed into ``result.hash_times`` and included in its latency; for
+    SGLang (a :class:`PageHasher`) each lookup is ``lookup_tokens`` of the ids instead, which
+    hashes the pages on the coordinator's worker thread (``result.hashed_in_lookup``)."""
     from .._coordinator.shell import LookupCoordinator
 
     result = RunResult(COORDINATOR, concurrency, planned(cfg, requests))
@@ -188,6 +191,12 @@ async def coordinator_run(
 
         async def lookup(req: Request) -> int:
             return await coordinator.lookup(req.num_tokens, req.hashes)
+
+    elif isinstance(hasher, PageHasher):
+        result.hashed_in_lookup = True
+
+        async def lookup(req: Request) -> int:
+            return await coordinator.lookup_tokens(req.token_ids)
 
     else:
         hash_ids = hasher.hash
@@ -337,7 +346,14 @@ async def _run(
         f"({s['warm_sessions']:,} warm), prompts {s['prompt_tokens_min']:,}-"
         f"{s['prompt_tokens_max']:,} tokens, built in {report.store['workload_build_s']:.2f} s",
     )
-    if cfg.spec.token_ids:
+    if cfg.spec.token_ids and isinstance(cfg.layout, SGLangLayout):
+        say(
+            err,
+            f"token ids: seed-naive hashes each prompt first ({describe_hasher(cfg.layout)}), "
+            "the coordinator looks the ids up with lookup_tokens (the same hashes, on its "
+            "worker thread); both in the latency",
+        )
+    elif cfg.spec.token_ids:
         say(
             err,
             f"token ids: every lookup hashes its prompt first "
