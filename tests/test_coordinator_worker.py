@@ -80,6 +80,14 @@ def test_what_is_not_a_fresh_job_is_refused() -> None:
             H.pages_job(b"", b"\0" * 9, 4)
         with pytest.raises(ValueError, match="shorter"):
             H.pages_job(b"", b"\0" * 9, 4, 3)
+        with pytest.raises(ValueError, match=">= 0"):
+            H.pages_job(b"", b"\0" * 8, 4, -2)
+
+        class Bytes(bytes):
+            pass
+
+        with pytest.raises(TypeError, match="bytes"):
+            H.pages_job(b"", Bytes(8), 4)  # (a subclass may hand out another buffer)
     finally:
         assert worker.close() == []
     with pytest.raises(RuntimeError, match="closed"):
@@ -134,3 +142,25 @@ def test_no_wake_is_lost_when_jobs_finish_while_others_are_collected() -> None:
             assert sorted(got) == [(round_, i) for i in range(round_ % 4 + 1)]
     finally:
         assert worker.close() == []
+
+
+def test_closing_from_two_threads_at_once_returns_in_both() -> None:
+    import threading
+
+    big = np.random.default_rng(8).integers(0, 256, size=(100_000, 32), dtype=np.uint8)
+    for _ in range(20):
+        worker = W.NativeWorker()
+        for i in range(4):
+            worker.submit(R.test_job(big), i)
+        left: list[list[Any]] = []
+
+        def close(worker: Any = worker, left: list[list[Any]] = left) -> None:
+            left.append(worker.close())
+
+        threads = [threading.Thread(target=close) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert not any(thread.is_alive() for thread in threads), "a close hung"
+        assert sorted(left[0] + left[1]) == [0, 1, 2, 3]  # (each token handed back once)

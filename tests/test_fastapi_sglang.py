@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import struct
 from typing import Any
 
@@ -60,6 +61,20 @@ def app(layout: SGLangLayout, store: Any, **options: Any) -> Any:
 
 
 # ------------------------------------------------------------------------- in process
+async def test_a_batch_with_a_namespace_that_is_not_text_starts_no_lookup() -> None:
+    store = FakeStore()
+    async with serve(app(LAYOUT, store)) as client:
+        for field in ("extra_key", "cache_salt"):
+            batch = {"requests": [{"token_ids": tokens(120)},
+                                  {"token_ids": tokens(120), field: "\udfff"}]}
+            r = await client.post("/v1/lookup/batch", content=json.dumps(batch).encode(),
+                                  headers={"content-type": "application/json"})
+            assert r.status_code == 422, r.text
+            assert r.json()["detail"][0]["loc"] == ["body", "requests", 1, field]
+        stats = (await client.get("/metrics")).text
+    assert metric(stats, "aio_mclookup_lookups_total") == 0 and not store.calls
+
+
 async def test_narrow_token_ids_are_hashed_by_the_coordinator_not_the_route(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -270,3 +270,15 @@ def test_narrow_token_ids_packs_exactly_the_prompts_whose_ids_fit_32_bits(ids: A
     fits = all(0 <= x < 2**32 for x in values)
     want = (np.array(values, dtype="<u4").tobytes(), len(values)) if fits else None
     assert narrow_token_ids(ids) == want
+
+
+def test_narrow_token_ids_reads_a_misaligned_view() -> None:
+    for dtype, size in ((np.uint64, 8), (np.int32, 4), (np.int64, 8)):
+        raw = np.zeros(1 + size * 300, dtype=np.uint8)
+        raw[1:] = np.frombuffer(np.arange(300, dtype=dtype).tobytes(), dtype=np.uint8)
+        view = raw[1:].view(dtype)  # (its buffer one byte off alignment)
+        assert view.ctypes.data % size
+        ids = [int(x) for x in view]
+        fits = all(0 <= x < 2**32 for x in ids)
+        want = (np.array(ids, dtype="<u4").tobytes(), 300) if fits else None
+        assert narrow_token_ids(view) == want

@@ -206,6 +206,33 @@ def test_a_plan_from_token_ids_is_the_plan_of_its_page_hashes(
         assert plan.resolve(answers) == want.resolve(answers)
 
 
+@pytest.mark.parametrize(
+    "layout", TOKEN_LAYOUTS, ids=lambda x: f"{x.sglang_version}-p{x.page_size}"
+)
+def test_a_plan_not_prepared_yet_prepares_when_its_keys_or_answer_are_read(
+    layout: SGLangLayout,
+) -> None:
+    rng = random.Random(layout.page_size)
+    tokens = [rng.randrange(0, 150_000) for _ in range(40 * layout.page_size + 3)]
+    want = layout.plan(len(tokens), layout.page_hashes(tokens, "x"))
+    answers = [rng.choice([1, 1, 1, 0]) for _ in want.keys]
+    reads = {
+        "keys": lambda plan: plan.keys,
+        "key_array": lambda plan: (lambda a: None if a is None else a.tolist())(
+            plan.key_array()
+        ),
+        "groups": lambda plan: [g.chunks.tolist() for g in plan.groups],
+        "resolve": lambda plan: plan.resolve(answers),
+        "resolve_result": lambda plan: plan.resolve_result(answers).hit_length,
+    }
+    for name, read in reads.items():
+        plan = layout.plan_tokens(tokens, "x")
+        assert plan.needs_preparing, name
+        assert read(plan) == read(want), name
+        assert plan.keys == want.keys, name  # (prepared by now, whatever the first read)
+        assert not plan.needs_preparing, name
+
+
 def test_a_plan_from_token_ids_hashes_on_a_native_worker_as_here() -> None:
     import select
 

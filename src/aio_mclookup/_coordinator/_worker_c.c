@@ -140,9 +140,9 @@ stop(Worker *w)
         w->stopping = 1;
         pthread_cond_signal(&w->wake);
         pthread_mutex_unlock(&w->lock);
-        Py_BEGIN_ALLOW_THREADS
+        /* Joined with the GIL held (the thread never takes it, and ends after its current
+         * job): no other caller can stop or close this worker meanwhile. */
         pthread_join(w->thread, NULL);
-        Py_END_ALLOW_THREADS
         w->started = 0;
         left = w->todo_head;
         w->todo_head = w->todo_tail = NULL;

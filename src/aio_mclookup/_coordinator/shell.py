@@ -431,10 +431,12 @@ class LookupCoordinator(CoreDriver):
         worker, self._worker = self._worker, False
         assert self._loop is not None
         self._loop.remove_reader(worker.fileno())
-        worker.close()
-        for done in self._preparing:  # (the lookups still waiting for it)
-            if not done.done():
-                done.set_exception(ClosedError("the coordinator was closed"))
+        try:
+            worker.close()
+        finally:
+            for done in self._preparing:  # (the lookups still waiting for it)
+                if not done.done():
+                    done.set_exception(ClosedError("the coordinator was closed"))
 
     def _expire(self, lookup: LookupState, limit: float | None) -> None:
         self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))

@@ -408,7 +408,11 @@ pages_job(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "width must be >= 1");
         return NULL;
     }
-    if (!PyBytes_Check(bodies_obj)) {  /* (immutable: the thread reads it without the GIL) */
+    if (pages < -1) {
+        PyErr_SetString(PyExc_ValueError, "pages must be >= 0");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(bodies_obj)) {  /* (immutable: the thread reads it unlocked) */
         PyErr_SetString(PyExc_TypeError, "a pages job's bodies must be bytes");
         return NULL;
     }
@@ -513,11 +517,13 @@ page_list(PyObject *self, PyObject *args)
 static int
 narrow_u64(const void *restrict buf, Py_ssize_t n, uint32_t *restrict dst)
 {
-    const uint64_t *restrict src = buf;
+    const char *restrict src = buf; /* (a view may be misaligned: loads through memcpy) */
     uint64_t any = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        any |= src[i];
-        dst[i] = (uint32_t)src[i];
+        uint64_t id;
+        memcpy(&id, src + 8 * i, 8);
+        any |= id;
+        dst[i] = (uint32_t)id;
     }
     return !(any >> 32);
 }
@@ -525,11 +531,13 @@ narrow_u64(const void *restrict buf, Py_ssize_t n, uint32_t *restrict dst)
 static int
 narrow_u32(const void *restrict buf, Py_ssize_t n, uint32_t *restrict dst, int is_signed)
 {
-    const uint32_t *restrict src = buf;
+    const char *restrict src = buf;
     uint32_t any = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        any |= src[i];
-        dst[i] = src[i];
+        uint32_t id;
+        memcpy(&id, src + 4 * i, 4);
+        any |= id;
+        dst[i] = id;
     }
     return !is_signed || !(any >> 31);
 }

@@ -81,6 +81,16 @@ class SGLangPlan(LookupPlan):
         self.num_tokens = num_tokens
         self.pages = pages
         self._chain = chain
+        if chain is not None:
+            del self._groups  # (until prepared: see __getattr__)
+
+    def __getattr__(self, name: str) -> Any:
+        """A plan whose page hashes are still to compute has no groups yet: whatever reads
+        them (its keys, its answer) prepares it here first, the same plan either way."""
+        if name == "_groups" and self._chain is not None:
+            self.prepare()
+            return self._groups
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------------- preparing
     @property

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from .. import InvalidRequest, SGLangLayout
-from .._hashing.sglang import narrow_token_ids
+from .._hashing.sglang import namespace_seed, narrow_token_ids
 from ._decode import (
     _decode_hashes,
     _decode_token_ids,
@@ -116,11 +118,14 @@ class SGLangDecoder:
             raise _invalid([*loc, "num_tokens"], "num_tokens must equal len(token_ids)")
         extra_key = _text_field(raw, "extra_key", loc)
         cache_salt = _text_field(raw, "cache_salt", loc)
-        if narrow_token_ids(ids) is not None:  # (no page refused or wide: the coordinator
-            item = _Item(None, len(ids), [], "token_ids")  # hashes them, off its loop)
-            item.tokens, item.extra_key, item.cache_salt = ids, extra_key, cache_salt
-            return item
         try:
+            namespace_seed(extra_key, cache_salt)  # (a bad one refused here, not in a lookup)
+            narrow = narrow_token_ids(ids)
+            if narrow is not None:  # (no page refused or wide: the coordinator hashes them,
+                item = _Item(None, len(ids), [], "token_ids")  # off its loop)
+                item.tokens = np.frombuffer(narrow[0], dtype="<u4")
+                item.extra_key, item.cache_salt = extra_key, cache_salt
+                return item
             hashes = layout.page_hashes(ids, extra_key=extra_key, cache_salt=cache_salt)
         except InvalidRequest as exc:
             parts = _field_loc(exc.field, "token_ids") if exc.field else ["token_ids"]
