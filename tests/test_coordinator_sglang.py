@@ -273,3 +273,19 @@ async def test_token_lookups_cancelled_timed_out_or_closed_while_hashed_settle()
     assert all(isinstance(c, mcl.ClosedError) or c in (want, 0) for c in closed), closed
     assert any(isinstance(c, mcl.ClosedError) for c in closed)
     assert coordinator._admission.reserved_lookups == coordinator._admission.reserved_keys == 0
+
+
+@pytest.mark.parametrize("pages", [100, 2000], ids=["quick-inline", "large-on-the-worker"])
+async def test_a_lone_lookup_past_its_deadline_sends_nothing(pages: int) -> None:
+    # (alone, a small plan prepares inline, then does not begin past its deadline; a large
+    # one goes to the worker even alone, so that the deadline holds while it is hashed)
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=16, model_name="m",
+                          prefetch_threshold=0)
+    prompt = list(range(1000, 1000 + pages * 16 + 1))
+    store = FakeStore(layout.plan(len(prompt), layout.page_hashes(prompt)).keys)
+    async with LookupCoordinator(layout, store) as coordinator:
+        assert layout.plan_tokens(prompt).quick_to_prepare is (pages <= 512)
+        with pytest.raises(mcl.LookupTimeout):
+            await coordinator.lookup_tokens(prompt, timeout=1e-9)
+        assert store.calls == [] and not coordinator._preparing
+        assert await coordinator.lookup_tokens(prompt) == pages * 16

@@ -38,6 +38,7 @@ typedef struct {
     Entry *done;                  /* run, not yet collected */
     int read_fd, write_fd;
     int stopping, started;
+    int joining; /* a caller is joining the thread (others wait for it) */
 } Worker;
 
 static void *
@@ -135,14 +136,23 @@ static Entry *
 stop(Worker *w)
 {
     Entry *left = NULL;
+    if (w->joining) { /* another thread is stopping it: wait for that, take nothing */
+        while (w->started) {
+            Py_BEGIN_ALLOW_THREADS
+            usleep(1000);
+            Py_END_ALLOW_THREADS
+        }
+        return NULL;
+    }
     if (w->started) {
+        w->joining = 1; /* (with the GIL: the join below lets other threads in) */
         pthread_mutex_lock(&w->lock);
         w->stopping = 1;
         pthread_cond_signal(&w->wake);
         pthread_mutex_unlock(&w->lock);
-        /* Joined with the GIL held (the thread never takes it, and ends after its current
-         * job): no other caller can stop or close this worker meanwhile. */
+        Py_BEGIN_ALLOW_THREADS
         pthread_join(w->thread, NULL);
+        Py_END_ALLOW_THREADS
         w->started = 0;
         left = w->todo_head;
         w->todo_head = w->todo_tail = NULL;
@@ -171,7 +181,7 @@ worker_submit(Worker *w, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "this native job was already submitted");
         return NULL;
     }
-    if (!w->started) {
+    if (!w->started || w->joining) {
         PyErr_SetString(PyExc_RuntimeError, "the native worker is closed");
         return NULL;
     }

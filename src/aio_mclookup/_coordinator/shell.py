@@ -377,18 +377,30 @@ class LookupCoordinator(CoreDriver):
     async def _prepare(self, plan: LookupPlan, deadline: float | None, limit: float | None) -> None:
         """Prepare the plan (:meth:`LookupPlan.prepare`): its native job runs on the worker
         thread while the event loop goes on with other lookups, within the lookup's deadline;
-        inline where that thread cannot run, or when no other lookup or RPC is under way."""
+        inline where that thread cannot run, or when no other lookup or RPC is under way and
+        the work is small (:attr:`LookupPlan.quick_to_prepare`). A lookup prepared inline past
+        its deadline does not begin."""
         loop = self._loop
         assert loop is not None
         core = self._core
-        if not (core.lookups or core.rpcs_in_flight or self._preparing):
-            plan.prepare()  # (nothing else to go on with meanwhile: the trip is latency only)
-            return
-        job = plan.native_job()
-        worker = self._worker if self._worker is not None else self._start_worker()
-        if not worker or job is None:
-            plan.prepare()
-            return
+        idle = not (core.lookups or core.rpcs_in_flight or self._preparing)
+        if not (idle and plan.quick_to_prepare):  # (else the trip would be latency only)
+            job = plan.native_job()
+            worker = self._worker if self._worker is not None else self._start_worker()
+            if worker and job is not None:
+                await self._prepared_by(worker, plan, job, deadline, limit)
+                return
+        plan.prepare()
+        if deadline is not None and loop.time() >= deadline:
+            raise LookupTimeout(f"lookup did not finish within {limit} s")
+
+    async def _prepared_by(
+        self, worker: Any, plan: LookupPlan, job: object, deadline: float | None,
+        limit: float | None,
+    ) -> None:
+        """Run the plan's native job on the worker, within the deadline, then prepare it."""
+        loop = self._loop
+        assert loop is not None
         done: asyncio.Future[None] = loop.create_future()
         worker.submit(job, done)
         self._preparing.add(done)

@@ -409,7 +409,7 @@ pages_job(PyObject *self, PyObject *args)
         return NULL;
     }
     if (pages < -1) {
-        PyErr_SetString(PyExc_ValueError, "pages must be >= 0");
+        PyErr_SetString(PyExc_ValueError, "pages must be >= 0 (or -1: every page)");
         return NULL;
     }
     if (!PyBytes_CheckExact(bodies_obj)) {  /* (immutable: the thread reads it unlocked) */

@@ -70,8 +70,9 @@ def format_summary(report: LoadgenReport) -> str:
         lines.append(
             f"token ids: seed-naive first hashed each prompt's token ids with "
             f"{describe_hasher(cfg.layout)}, the coordinator looked the ids up with "
-            "lookup_tokens (the same hashes, on its worker thread when busy); the hashing is "
-            "included in the latencies and lookups/s below"
+            "lookup_tokens (the same hashes, inside the lookup: on its worker thread while other "
+            "lookups are under way); the hashing is included in the latencies and lookups/s "
+            "below"
         )
     elif cfg.spec.token_ids:
         lines.append(
@@ -106,8 +107,9 @@ def format_summary(report: LoadgenReport) -> str:
         lines.append("hashing token ids (included above), per run:")
         for run in hashed:
             if run.hashed_in_lookup:
-                lines.append(f"  {run.mode:<11} c={run.concurrency:<4} in lookup_tokens (on the "
-                             "coordinator's worker thread), not timed apart")
+                lines.append(f"  {run.mode:<11} c={run.concurrency:<4} inside lookup_tokens (on "
+                             "the coordinator's worker thread while other lookups are under "
+                             "way, else inline), not timed apart")
                 continue
             total = sum(run.hash_times)
             lines.append(

@@ -350,8 +350,9 @@ async def _run(
         say(
             err,
             f"token ids: seed-naive hashes each prompt first ({describe_hasher(cfg.layout)}), "
-            "the coordinator looks the ids up with lookup_tokens (the same hashes, on its "
-            "worker thread); both in the latency",
+            "the coordinator looks the ids up with lookup_tokens (the same hashes, inside the "
+            "lookup: on its worker thread while other lookups are under way); both in the "
+            "latency",
         )
     elif cfg.spec.token_ids:
         say(

@@ -76,6 +76,11 @@ class EraCPlan(LookupPlan):
     def needs_preparing(self) -> bool:
         return self._hash_source is not None and not self._lone
 
+    @property
+    def quick_to_prepare(self) -> bool:
+        source = self._hash_source
+        return source is None or source.count <= _QUICK_HASHES
+
     def native_job(self) -> object | None:
         """The repeated-hash test of the hashes as a native job (``_repeats_c``)."""
         source = self._hash_source
@@ -280,6 +285,10 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
 
 _REPEATS: Any = _native.load("aio_mclookup._plan._repeats_c")
 """The repeated-hash test as a native job (``_repeats_c.c``), or ``None``: it runs inline."""
+
+_QUICK_HASHES = 32_768
+"""Up to this many hashes (a 131,072-token DeepSeek-V4-like prompt: about 215 us, docs/design.md,
+"Preparing plans off the loop") the test runs inline when nothing else is under way."""
 
 _PREPARED_HASHES = 4096
 """From this many hashes (an immutable array), a plan that needs the repeated-hash test leaves

@@ -96,6 +96,12 @@ class LookupPlan:
         or None: :meth:`prepare` then does all of it."""
         return None
 
+    @property
+    def quick_to_prepare(self) -> bool:
+        """That work is bounded small enough (a fraction of a millisecond) to do inline when
+        the coordinator has nothing else under way."""
+        return True
+
     def prepare(self, job: object | None = None) -> None:
         """Finish that work: from the :meth:`native_job` the worker ran, or all of it now."""
 

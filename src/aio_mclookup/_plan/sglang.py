@@ -34,6 +34,11 @@ _FEW_KEYS = 48
 """Fewer keys than this are built by concatenation: faster than the array path."""
 
 
+_QUICK_PAGES = 512
+"""Up to this many pages (a chain of about 190 us) a plan hashes inline when the coordinator
+has nothing else under way (docs/design.md, "Preparing plans off the loop")."""
+
+
 def query_pages(num_tokens: int, page_size: int, eagle: bool) -> int:
     """Pages SGLang's scheduler offers storage for an ``num_tokens``-token request with no
     local match: the span is capped at ``num_tokens - 1`` tokens (one bigram fewer under
@@ -97,6 +102,10 @@ class SGLangPlan(LookupPlan):
     def needs_preparing(self) -> bool:
         """Its page hashes are still to compute."""
         return self._chain is not None
+
+    @property
+    def quick_to_prepare(self) -> bool:
+        return self.pages <= _QUICK_PAGES
 
     def native_job(self) -> object | None:
         """The page chain as a native job (``_chain_c``), or None."""
