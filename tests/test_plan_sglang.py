@@ -231,6 +231,7 @@ def test_a_plan_not_prepared_yet_prepares_when_its_keys_or_answer_are_read(
         assert read(plan) == read(want), name
         assert plan.keys == want.keys, name  # (prepared by now, whatever the first read)
         assert not plan.needs_preparing, name
+        assert type(plan) is type(want), name  # (a plain plan once prepared)
 
 
 def test_a_plan_from_token_ids_hashes_on_a_native_worker_as_here() -> None:

@@ -86,16 +86,6 @@ class SGLangPlan(LookupPlan):
         self.num_tokens = num_tokens
         self.pages = pages
         self._chain = chain
-        if chain is not None:
-            del self._groups  # (until prepared: see __getattr__)
-
-    def __getattr__(self, name: str) -> Any:
-        """A plan whose page hashes are still to compute has no groups yet: whatever reads
-        them (its keys, its answer) prepares it here first, the same plan either way."""
-        if name == "_groups" and self._chain is not None:
-            self.prepare()
-            return self._groups
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------------- preparing
     @property
@@ -118,6 +108,7 @@ class SGLangPlan(LookupPlan):
         if chain is not None:
             self._groups = (_page_probe(chain.digests(job), self.pages),)
             self._chain = None
+
 
     # ------------------------------------------------------------------------- structure
     @property
@@ -289,6 +280,25 @@ class SGLangPlan(LookupPlan):
         return self.prefix_hit(present_pages(present, self._sglang.keys_per_page))
 
 
+class _PendingSGLangPlan(SGLangPlan):
+    """An :class:`SGLangPlan` whose page hashes are still to compute: it has no groups yet,
+    and whatever reads them first (its keys, its answer) prepares it, the same plan either
+    way; prepared, it is a plain :class:`SGLangPlan` (a class with ``__getattr__`` makes
+    every attribute read slower)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_groups" and self._chain is not None:
+            self.prepare()
+            return self._groups
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def prepare(self, job: object | None = None) -> None:
+        super().prepare(job)
+        object.__setattr__(self, "__class__", SGLangPlan)  # (prepared: a plain plan)
+
+
 def build_sglang_plan(
     geometry: SGLangGeometry, num_tokens: object, page_hashes: object
 ) -> SGLangPlan:
@@ -320,7 +330,9 @@ def build_sglang_plan(
 def pending_sglang_plan(geometry: SGLangGeometry, num_tokens: int, chain: PageChain) -> SGLangPlan:
     """The plan of a request of ``num_tokens`` tokens whose ``chain.pages`` probed pages (not
     :func:`declined`) are hashed when it is prepared."""
-    return SGLangPlan(geometry, num_tokens, (), chain.pages, chain)
+    plan = _PendingSGLangPlan(geometry, num_tokens, (), chain.pages, chain)
+    del plan._groups  # (until prepared: see _PendingSGLangPlan)
+    return plan
 
 
 def declined(geometry: SGLangGeometry, pages: int) -> bool:
