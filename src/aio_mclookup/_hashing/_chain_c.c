@@ -376,14 +376,14 @@ typedef struct {
     Py_ssize_t n;
     Py_buffer bodies; /* held until the job is freed */
     PyObject *digests; /* bytes of n * WIDTH, written by run_pages before anyone reads it */
+    uint8_t *out;      /* their buffer (found with the GIL, when the job is made) */
 } PagesJob;
 
 static void
 run_pages(NativeJob *job)
 {
     PagesJob *p = (PagesJob *)job;
-    chain_pages(p->seed, p->seed_len, p->bodies.buf, p->n, p->width,
-                (uint8_t *)PyBytes_AS_STRING(p->digests));
+    chain_pages(p->seed, p->seed_len, p->bodies.buf, p->n, p->width, p->out);
 }
 
 static void
@@ -440,8 +440,10 @@ pages_job(PyObject *self, PyObject *args)
         p->n = pages < 0 ? p->bodies.len / width : pages;
         p->digests = PyBytes_FromStringAndSize(NULL, p->n * WIDTH);
         p->base.run = run_pages;
-        if (p->digests != NULL)
+        if (p->digests != NULL) {
+            p->out = (uint8_t *)PyBytes_AS_STRING(p->digests);
             capsule = PyCapsule_New(p, NATIVE_JOB_CAPSULE, free_pages);
+        }
     }
     if (capsule == NULL) {
         PyBuffer_Release(&p->bodies);
@@ -512,8 +514,8 @@ page_list(PyObject *self, PyObject *args)
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 /* The usual dtypes in one branch-free, vectorisable pass each: an id out of 0 .. 2**32 - 1
- * leaves high bits in the OR of all ids (a negative one its sign bit); 1 when every id fits. `dst` is a fresh
- * bytes object's buffer (aligned, apart from `src`). */
+ * leaves high bits in the OR of all ids (a negative one its sign bit); 1 when every id fits.
+ * `dst` is a fresh bytes object's buffer (aligned, apart from `src`). */
 static int
 narrow_u64(const void *restrict buf, Py_ssize_t n, uint32_t *restrict dst)
 {

@@ -88,10 +88,9 @@ def narrow_token_ids(token_ids: object) -> tuple[bytes, int] | None:
     """The ids packed as little-endian uint32 and their count, when every one fits 32 bits
     (the usual prompt; then no page of them can be refused or wide), else None;
     :class:`InvalidRequest` for what is not token ids at all."""
-    if _C is not None and type(token_ids) in (list, tuple, np.ndarray):  # (as _narrow)
-        packed: bytes | None = _C.narrow_ids(token_ids, MAX_TOKENS)
-        if packed is not None:
-            return packed, len(packed) // 4
+    packed = _packed(token_ids)
+    if packed is not None:
+        return packed, len(packed) // 4
     tokens = token_ids_q(token_ids)
     if tokens.dtype != np.uint32 and tokens.size and (
         int(tokens.min()) < 0 or int(tokens.max()) > _U32_MAX
@@ -157,12 +156,19 @@ class PendingPages:
 def _narrow(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uint32]:
     """:func:`token_ids_q`, packed in one C pass when the ids are a list, a tuple or a 1-D
     integer array whose every id fits 32 bits (the usual prompt)."""
-    if _C is not None and type(token_ids) in (list, tuple, np.ndarray):  # (not subclasses:
-        # a masked array's buffer holds what its mask hides)
-        packed = _C.narrow_ids(token_ids, MAX_TOKENS)
-        if packed is not None:
-            return np.frombuffer(packed, dtype=np.uint32)
+    packed = _packed(token_ids)
+    if packed is not None:
+        return np.frombuffer(packed, dtype=np.uint32)
     return token_ids_q(token_ids)
+
+
+def _packed(token_ids: object) -> bytes | None:
+    """The ids as little-endian uint32 from one C pass, when they are a list, a tuple or a
+    1-D integer array whose every id fits 32 bits; else None (the Python path reads them)."""
+    if _C is None or type(token_ids) not in (list, tuple, np.ndarray):  # (not subclasses:
+        return None  # a masked array's buffer holds what its mask hides)
+    packed: bytes | None = _C.narrow_ids(token_ids, MAX_TOKENS)
+    return packed
 
 
 def _from_array(arr: npt.NDArray[Any]) -> npt.NDArray[np.int64]:

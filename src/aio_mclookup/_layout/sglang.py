@@ -211,16 +211,23 @@ class SGLangLayout:
         ignores both). ``token_ids``: a list of ints or a 1-D integer numpy array."""
         # (imported on first use: the _hashing package brings vLLM's hasher and cbor2, which
         # `import aio_mclookup` leaves out until they are needed)
-        from .._hashing.sglang import namespace_seed, page_hashes
+        from .._hashing.sglang import page_hashes
 
-        seed = namespace_seed(extra_key, cache_salt)
         return page_hashes(
             token_ids,
             page_size=self.page_size,
             eagle=self.eagle,
             wide=self.sglang_version == "0.5.23",
-            seed=None if self.sglang_version == "0.5.17" else seed,
+            seed=self._chain_seed(extra_key, cache_salt),
         )
+
+    def _chain_seed(self, extra_key: object, cache_salt: object) -> bytes | None:
+        """The seed page 0 is chained from: the namespace's on 0.5.20+ (checked on every
+        release; 0.5.17 ignores it)."""
+        from .._hashing.sglang import namespace_seed
+
+        seed = namespace_seed(extra_key, cache_salt)
+        return None if self.sglang_version == "0.5.17" else seed
 
     def plan(self, num_tokens: int, page_hashes: HashInput) -> SGLangPlan:
         """Plan one lookup of a request of ``num_tokens`` tokens with no local match: the
@@ -238,9 +245,9 @@ class SGLangLayout:
         usual prompt) and the prompt has :data:`_OFF_LOOP_PAGES` probed pages or more, its
         pages are hashed when it is prepared: :meth:`LookupCoordinator.lookup_tokens` does
         that on its worker thread, off the event loop."""
-        from .._hashing.sglang import PendingPages, namespace_seed, narrow_token_ids
+        from .._hashing.sglang import PendingPages, narrow_token_ids
 
-        seed = namespace_seed(extra_key, cache_salt)
+        seed = self._chain_seed(extra_key, cache_salt)
         narrow = narrow_token_ids(token_ids)
         if narrow is None:  # (ids of wide pages, or refused: page_hashes hashes or names them)
             hashes = self.page_hashes(token_ids, extra_key, cache_salt)
@@ -255,7 +262,7 @@ class SGLangLayout:
             pages=pages,
             page_size=self.page_size,
             eagle=self.eagle,
-            seed=None if self.sglang_version == "0.5.17" else seed,
+            seed=seed,
         )
         plan = pending_sglang_plan(geometry, n, chain)
         if pages < _OFF_LOOP_PAGES:

@@ -13,7 +13,7 @@ import numpy as np
 from .._layout.layout import KVLayout
 from .._layout.sglang import SGLangLayout
 from .results import COORDINATOR, NAIVE, LoadgenReport, RunResult
-from .workload import describe_hasher, describe_layout
+from .workload import describe_hasher, describe_layout, sglang_token_note
 
 __all__ = ["REPORT_NEEDS", "format_summary", "report_unavailable", "write_json", "write_png"]
 
@@ -66,14 +66,8 @@ def format_summary(report: LoadgenReport) -> str:
     elif wl is not None and cfg.duration is not None:
         per_run += f" (cycling over the {len(wl.requests):,} distinct requests)"
     lines.append(f"runs: {per_run}; event loop {report.loop_name}; {os.cpu_count()} CPUs")
-    if cfg.spec.token_ids and any(run.hashed_in_lookup for run in report.runs):
-        lines.append(
-            f"token ids: seed-naive first hashed each prompt's token ids with "
-            f"{describe_hasher(cfg.layout)}, the coordinator looked the ids up with "
-            "lookup_tokens (the same hashes, inside the lookup: on its worker thread while other "
-            "lookups are under way); the hashing is included in the latencies and lookups/s "
-            "below"
-        )
+    if cfg.spec.token_ids and isinstance(cfg.layout, SGLangLayout):
+        lines.append(f"token ids: {sglang_token_note(cfg.layout)}")
     elif cfg.spec.token_ids:
         lines.append(
             f"token ids: each lookup, both ways, first hashed its prompt's token ids with "

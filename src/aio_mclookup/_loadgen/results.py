@@ -13,7 +13,7 @@ import numpy as np
 
 from .._layout.layout import KVLayout
 from .._layout.sglang import SGLangLayout
-from .workload import Workload, WorkloadSpec
+from .workload import Workload, WorkloadSpec, sglang_token_note
 
 __all__ = [
     "COORDINATOR", "NAIVE", "PER_REQUEST", "LoadgenConfig", "LoadgenReport", "RunResult", "version",
@@ -166,10 +166,7 @@ class RunResult:
 
 def _token_note(cfg: LoadgenConfig) -> str:
     if isinstance(cfg.layout, SGLangLayout):
-        return ("seed-naive hashed each prompt's token ids first (the hasher above); the "
-                "coordinator looked them up with lookup_tokens, which hashes them inside the "
-                "lookup (the same hashes; not timed apart); the hashing is included in the "
-                "latencies and in lookups/s")
+        return sglang_token_note(cfg.layout)
     return ("each lookup (both ways) hashed its prompt's token ids first; the hashing time is "
             "included in its latency and in lookups/s")
 

@@ -28,6 +28,7 @@ from .workload import (
     build_workload,
     describe_hasher,
     describe_layout,
+    sglang_token_note,
     workload_hasher,
 )
 
@@ -347,13 +348,7 @@ async def _run(
         f"{s['prompt_tokens_max']:,} tokens, built in {report.store['workload_build_s']:.2f} s",
     )
     if cfg.spec.token_ids and isinstance(cfg.layout, SGLangLayout):
-        say(
-            err,
-            f"token ids: seed-naive hashes each prompt first ({describe_hasher(cfg.layout)}), "
-            "the coordinator looks the ids up with lookup_tokens (the same hashes, inside the "
-            "lookup: on its worker thread while other lookups are under way); both in the "
-            "latency",
-        )
+        say(err, f"token ids: {sglang_token_note(cfg.layout)}")
     elif cfg.spec.token_ids:
         say(
             err,

@@ -59,6 +59,7 @@ __all__ = [
     "describe_hasher",
     "describe_layout",
     "preset_layout",
+    "sglang_token_note",
     "workload_hasher",
 ]
 
@@ -338,6 +339,17 @@ def workload_hasher(layout: KVLayout | SGLangLayout) -> BlockHasher | PageHasher
         layout.hash_block_size,
         seed=None if minor >= 29 else "0",
         vllm_version=layout.vllm_version,
+    )
+
+
+def sglang_token_note(layout: SGLangLayout) -> str:
+    """How an SGLang token-id run's two ways hash their prompts (the progress line, the
+    report and the JSON say it)."""
+    return (
+        f"seed-naive first hashes each prompt's token ids with {describe_hasher(layout)}; the "
+        "coordinator looks them up with lookup_tokens, which hashes them inside the lookup (on "
+        "its worker thread while other lookups are under way; not timed apart); the hashing "
+        "is in the latencies and lookups/s"
     )
 
 

@@ -1,8 +1,8 @@
 /* The repeated-hash test of large plans: the compiled way of _rows.rows_repeat, made to run
- * as a native job (../_native_job.h) on the coordinator's NativeWorker (_coordinator/_worker_c.c), off the event loop
- * (docs/design.md, "Preparing plans off the loop").
+ * as a native job (../_native_job.h) on the coordinator's NativeWorker
+ * (_coordinator/_worker_c.c), off the event loop (docs/design.md, "Preparing plans off the
+ * loop").
  *
- *   repeats(rows) -> bool | None     the test, here (the GIL released)
  *   test_job(rows) -> job            the test as a native job over a 2-D uint8 array (its
  *                                    buffer held until the job is freed)
  *   verdict(job) -> bool | None      a job's answer, once it ran
@@ -189,27 +189,7 @@ verdict(PyObject *Py_UNUSED(self), PyObject *capsule)
     return PyBool_FromLong(t->repeats);
 }
 
-static PyObject *
-repeats(PyObject *Py_UNUSED(self), PyObject *arg)
-{
-    Py_buffer v;
-    if (get_rows(arg, &v) < 0)
-        return NULL;
-    int found;
-    Py_BEGIN_ALLOW_THREADS
-    found = rows_repeat(v.buf, v.shape[0], v.shape[1], v.strides[0]);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&v);
-    if (found == -1)
-        return PyErr_NoMemory();
-    if (found < 0)
-        Py_RETURN_NONE;
-    return PyBool_FromLong(found);
-}
-
 static PyMethodDef methods[] = {
-    {"repeats", repeats, METH_O, "repeats(rows): whether two hash rows are equal, or None "
-                                 "(crafted to collide): the test, on this thread."},
     {"test_job", test_job, METH_O, "test_job(rows): the test as a native job."},
     {"verdict", verdict, METH_O, "verdict(job): a test job's answer, once it ran."},
     {NULL, NULL, 0, NULL},
@@ -217,7 +197,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "aio_mclookup._plan._repeats_c",
-    "The repeated-hash test, inline or as a native job (see _repeats_c.c).", -1, methods, NULL, NULL,
+    "The repeated-hash test as a native job (see _repeats_c.c).", -1, methods, NULL, NULL,
     NULL, NULL,
 };
 

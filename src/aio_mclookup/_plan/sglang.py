@@ -67,11 +67,11 @@ class SGLangPlan(LookupPlan):
 
     ``token_len`` and ``num_tokens`` are the request's length; ``pages`` the pages probed
     (0 when the prefetch threshold declines the query: then there are no keys, and the hit
-    is 0). A plan made from token ids may have its page hashes still to compute (``chain``):
-    :meth:`prepare` (the coordinator's worker thread) computes them before it is probed.
+    is 0). A plan made from token ids may have its page hashes still to compute (see
+    :func:`pending_sglang_plan`).
     """
 
-    __slots__ = ("_chain", "_sglang", "num_tokens", "pages")
+    __slots__ = ("_chain", "_sglang", "num_tokens", "pages")  # (_chain: a pending plan's)
 
     def __init__(
         self,
@@ -79,36 +79,11 @@ class SGLangPlan(LookupPlan):
         num_tokens: int,
         groups: tuple[GroupProbe, ...],
         pages: int,
-        chain: PageChain | None = None,
     ) -> None:
         super().__init__(geometry, num_tokens, groups, pages * geometry.keys_per_page, False)
         self._sglang = geometry
         self.num_tokens = num_tokens
         self.pages = pages
-        self._chain = chain
-
-    # ------------------------------------------------------------------------- preparing
-    @property
-    def needs_preparing(self) -> bool:
-        """Its page hashes are still to compute."""
-        return self._chain is not None
-
-    @property
-    def quick_to_prepare(self) -> bool:
-        return self.pages <= _QUICK_PAGES
-
-    def native_job(self) -> object | None:
-        """The page chain as a native job (``_chain_c``), or None."""
-        chain = self._chain
-        return None if chain is None else chain.job()
-
-    def prepare(self, job: object | None = None) -> None:
-        """Compute the page hashes (or take them from the ``job`` the worker ran)."""
-        chain = self._chain
-        if chain is not None:
-            self._groups = (_page_probe(chain.digests(job), self.pages),)
-            self._chain = None
-
 
     # ------------------------------------------------------------------------- structure
     @property
@@ -281,21 +256,41 @@ class SGLangPlan(LookupPlan):
 
 
 class _PendingSGLangPlan(SGLangPlan):
-    """An :class:`SGLangPlan` whose page hashes are still to compute: it has no groups yet,
-    and whatever reads them first (its keys, its answer) prepares it, the same plan either
-    way; prepared, it is a plain :class:`SGLangPlan` (a class with ``__getattr__`` makes
+    """An :class:`SGLangPlan` whose page hashes are still to compute (``chain``):
+    :meth:`prepare` (the coordinator's worker thread) computes them before it is probed, and
+    whatever reads its groups first (its keys, its answer) prepares it, the same plan either
+    way. Prepared, it is a plain :class:`SGLangPlan` (a class with ``__getattr__`` makes
     every attribute read slower)."""
 
     __slots__ = ()
 
+    def __init__(self, geometry: SGLangGeometry, num_tokens: int, chain: PageChain) -> None:
+        super().__init__(geometry, num_tokens, (), chain.pages)
+        self._chain = chain
+        del self._groups  # (until prepared: see __getattr__)
+
     def __getattr__(self, name: str) -> Any:
-        if name == "_groups" and self._chain is not None:
+        if name == "_groups":
             self.prepare()
             return self._groups
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    @property
+    def needs_preparing(self) -> bool:
+        return True
+
+    @property
+    def quick_to_prepare(self) -> bool:
+        return self.pages <= _QUICK_PAGES
+
+    def native_job(self) -> object | None:
+        """The page chain as a native job (``_chain_c``), or None."""
+        return self._chain.job()
+
     def prepare(self, job: object | None = None) -> None:
-        super().prepare(job)
+        """Compute the page hashes (or take them from the ``job`` the worker ran)."""
+        self._groups = (_page_probe(self._chain.digests(job), self.pages),)
+        del self._chain  # (its packed ids: no longer needed)
         object.__setattr__(self, "__class__", SGLangPlan)  # (prepared: a plain plan)
 
 
@@ -330,9 +325,7 @@ def build_sglang_plan(
 def pending_sglang_plan(geometry: SGLangGeometry, num_tokens: int, chain: PageChain) -> SGLangPlan:
     """The plan of a request of ``num_tokens`` tokens whose ``chain.pages`` probed pages (not
     :func:`declined`) are hashed when it is prepared."""
-    plan = _PendingSGLangPlan(geometry, num_tokens, (), chain.pages, chain)
-    del plan._groups  # (until prepared: see _PendingSGLangPlan)
-    return plan
+    return _PendingSGLangPlan(geometry, num_tokens, chain)
 
 
 def declined(geometry: SGLangGeometry, pages: int) -> bool:
