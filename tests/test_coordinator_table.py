@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -151,3 +152,99 @@ def test_the_table_runs_the_path_its_environment_asks_for() -> None:
 
     built = importlib.util.find_spec(TABLE_C) is not None
     assert (table_module._C is not None) == (built and not _native.disabled())
+
+
+_SUBS = st.integers(0, 6).map(lambda ident: ident << 32)
+
+
+@needs_build
+@settings(max_examples=400, deadline=None)
+@given(
+    waiting=st.dictionaries(_KEYS, st.one_of(st.integers(0, 2**40), st.lists(
+        st.integers(0, 2**40), min_size=2, max_size=4))),
+    sending=st.sets(_KEYS),
+    cached=st.dictionaries(_KEYS, st.floats(1.0, 9.0)),
+    answering=st.dictionaries(_KEYS, st.sampled_from([0.0, 2.5])),
+    keys=st.lists(_KEYS, max_size=20),
+    as_range=st.booleans(),
+    as_array=st.booleans(),
+)
+def test_the_compiled_subscription_is_the_python_one(
+    waiting: dict[bytes, Subscribers], sending: set[bytes], cached: dict[bytes, float],
+    answering: dict[bytes, float], keys: list[bytes], as_range: bool, as_array: bool,
+) -> None:
+    base = 5 << 32
+    subs: range | list[int] = range(base, base + len(keys))
+    if not as_range:
+        subs = list(subs)
+    outs = []
+    for subscribe in (C.subscribe, table_module.subscribe_keys):
+        table = copy.deepcopy(waiting)
+        present: Any = np.zeros(len(keys)) if as_array else [0.0] * len(keys)
+        got = subscribe(table, set(sending), cached, answering, keys, subs, present, base)
+        outs.append((got, table, list(present)))
+    assert outs[0] == outs[1]
+    to_send, fresh, shared, hits, just_answered = outs[0][0]
+    assert hits + just_answered + fresh + shared == len(keys)
+    assert hits == sum(key in cached for key in keys)
+
+
+class _Lookup:
+    def __init__(self, size: int, done: bool, as_array: bool) -> None:
+        self.done = done
+        self.round_present: Any = np.zeros(size) if as_array else [0.0] * size
+        self.waiting = size
+
+
+@needs_build
+@settings(max_examples=400, deadline=None)
+@given(
+    owners=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=3), max_size=16),
+    done=st.sets(st.integers(1, 4)),
+    missing=st.sets(st.integers(1, 4)),
+    as_array=st.booleans(),
+    answers=st.lists(st.sampled_from([0.0, 1.0, 7.5]), min_size=16, max_size=16),
+)
+def test_the_compiled_fan_out_is_the_python_one(
+    owners: list[list[int]], done: set[int], missing: set[int], as_array: bool,
+    answers: list[float],
+) -> None:
+    """Keys with one subscriber or several (lookups 1-4, some done, some gone): the same
+    answers land at the same positions, the same counts, the same ready lookups in order."""
+    keys = [b"k%d" % i for i in range(len(owners))]
+    results = []
+    for fan in (C.fan_out, table_module.fan_out):
+        positions = {ident: 0 for ident in range(1, 5)}
+        waiting: dict[bytes, Subscribers] = {}
+        for key, idents in zip(keys, owners):
+            subs = []
+            for ident in idents:
+                subs.append(ident << 32 | positions[ident])
+                positions[ident] += 1
+            waiting[key] = subs[0] if len(subs) == 1 else subs
+        waiting[b"other"] = 1 << 32  # (not answered: stays)
+        lookups = {
+            ident: _Lookup(positions[ident], ident in done, as_array)
+            for ident in range(1, 5) if ident not in missing
+        }
+        ready = fan(waiting, lookups, keys, answers)
+        results.append((
+            [next(i for i, lk in lookups.items() if lk is r) for r in ready],
+            {i: (list(lk.round_present), lk.waiting) for i, lk in lookups.items()},
+            waiting,
+        ))
+    assert results[0] == results[1]
+    ready_idents, states, left = results[0]
+    assert left == {b"other": 1 << 32}
+    for ident in ready_idents:
+        assert states[ident][1] == 0 and ident not in done
+
+
+@needs_build
+def test_the_compiled_fan_out_fails_as_the_python_one() -> None:
+    lookup = _Lookup(1, False, False)
+    for fan in (C.fan_out, table_module.fan_out):
+        with pytest.raises(IndexError):  # (a position past the round's answers)
+            fan({b"k": 1 << 32 | 3}, {1: lookup}, [b"k"], [1.0])
+        with pytest.raises(TypeError):
+            fan({b"k": "not a subscriber"}, {1: lookup}, [b"k"], [1.0])

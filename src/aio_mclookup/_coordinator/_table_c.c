@@ -6,9 +6,65 @@
  *       subscriber (fresh); another joins the subscribers already there (an int becomes
  *       [int, sub], a list is appended to: shared). to_send lists the fresh keys and the
  *       joined ones not in sending, in order. waiting is a dict, sending a set (or frozenset).
+ *
+ *   subscribe(waiting, sending, cached, answering, keys, subs, present, base)
+ *       -> (to_send, fresh, shared, hits, just_answered)
+ *       the twin of table.subscribe_keys: a key cached (hits) or answering (just_answered)
+ *       has that answer written to present[sub - base] (a list, or a 1-D float64 buffer);
+ *       the others enter the table as by enter_keys, in one pass. subs is a range or a
+ *       sequence of ints.
+ *
+ *   fan_out(waiting, lookups, keys, values) -> ready
+ *       the twin of table.fan_out: one RPC's answers (values[i] for keys[i]) to the
+ *       subscribers each key's entry in waiting holds (the entry leaves waiting): a
+ *       subscriber's lookup (lookups[sub >> 32], skipped when missing or done) gets the
+ *       value at round_present[sub & 0xffffffff] and one less to wait for; ready lists the
+ *       lookups whose waiting reaches 0, keys with one subscriber first, then shared keys.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
+
+/* One key's entry (enter_keys' loop body): 0, or -1 with an exception set. */
+static int
+enter_one(PyObject *waiting, PyObject *sending, PyObject *key, PyObject *sub, PyObject *to_send,
+          Py_ssize_t *fresh, Py_ssize_t *shared)
+{
+    PyObject *others = PyDict_GetItemWithError(waiting, key); /* borrowed */
+    if (!others || others == Py_None) { /* (waiting.get(key) is None) */
+        if (PyErr_Occurred() || PyDict_SetItem(waiting, key, sub) < 0
+            || PyList_Append(to_send, key) < 0)
+            return -1;
+        (*fresh)++;
+        return 0;
+    }
+    if (PyLong_Check(others)) {
+        PyObject *pair = PyList_New(2);
+        if (!pair)
+            return -1;
+        Py_INCREF(others);
+        Py_INCREF(sub);
+        PyList_SET_ITEM(pair, 0, others);
+        PyList_SET_ITEM(pair, 1, sub);
+        int set = PyDict_SetItem(waiting, key, pair);
+        Py_DECREF(pair);
+        if (set < 0)
+            return -1;
+    } else if (PyList_CheckExact(others)) {
+        if (PyList_Append(others, sub) < 0)
+            return -1;
+    } else {
+        PyObject *done = PyObject_CallMethod(others, "append", "O", sub);
+        if (!done)
+            return -1;
+        Py_DECREF(done);
+    }
+    (*shared)++;
+    int in_flight = PySet_Contains(sending, key);
+    if (in_flight < 0 || (!in_flight && PyList_Append(to_send, key) < 0))
+        return -1;
+    return 0;
+}
 
 static PyObject *
 enter_keys(PyObject *Py_UNUSED(self), PyObject *args)
@@ -36,40 +92,8 @@ enter_keys(PyObject *Py_UNUSED(self), PyObject *args)
     if (!to_send)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
-        PyObject *sub = PySequence_Fast_GET_ITEM(subs, i);
-        PyObject *others = PyDict_GetItemWithError(waiting, key); /* borrowed */
-        if (!others || others == Py_None) { /* (waiting.get(key) is None) */
-            if (PyErr_Occurred() || PyDict_SetItem(waiting, key, sub) < 0
-                || PyList_Append(to_send, key) < 0)
-                goto fail;
-            fresh++;
-            continue;
-        }
-        if (PyLong_Check(others)) {
-            PyObject *pair = PyList_New(2);
-            if (!pair)
-                goto fail;
-            Py_INCREF(others);
-            Py_INCREF(sub);
-            PyList_SET_ITEM(pair, 0, others);
-            PyList_SET_ITEM(pair, 1, sub);
-            int set = PyDict_SetItem(waiting, key, pair);
-            Py_DECREF(pair);
-            if (set < 0)
-                goto fail;
-        } else if (PyList_CheckExact(others)) {
-            if (PyList_Append(others, sub) < 0)
-                goto fail;
-        } else {
-            PyObject *done = PyObject_CallMethod(others, "append", "O", sub);
-            if (!done)
-                goto fail;
-            Py_DECREF(done);
-        }
-        shared++;
-        int in_flight = PySet_Contains(sending, key);
-        if (in_flight < 0 || (!in_flight && PyList_Append(to_send, key) < 0))
+        if (enter_one(waiting, sending, PySequence_Fast_GET_ITEM(keys, i),
+                      PySequence_Fast_GET_ITEM(subs, i), to_send, &fresh, &shared) < 0)
             goto fail;
     }
     Py_DECREF(keys);
@@ -83,10 +107,374 @@ fail:
     return NULL;
 }
 
+
+/* present[pos] = until, as Python's item assignment would (a negative pos counts from the
+ * end); a float64 buffer is written directly. */
+static int
+write_present(PyObject *present, Py_buffer *view, Py_ssize_t pos, PyObject *until)
+{
+    if (PyList_CheckExact(present)) {
+        Py_ssize_t size = PyList_GET_SIZE(present);
+        if (pos < 0)
+            pos += size;
+        if (pos < 0 || pos >= size) {
+            PyErr_SetString(PyExc_IndexError, "list assignment index out of range");
+            return -1;
+        }
+        Py_INCREF(until);
+        PyObject *old = PyList_GET_ITEM(present, pos);
+        PyList_SET_ITEM(present, pos, until);
+        Py_DECREF(old);
+        return 0;
+    }
+    if (view->buf) {
+        Py_ssize_t size = view->shape[0];
+        if (pos < 0)
+            pos += size;
+        double value = PyFloat_AsDouble(until);
+        if (value == -1.0 && PyErr_Occurred())
+            return -1;
+        if (pos >= 0 && pos < size) {
+            *(double *)((char *)view->buf + pos * view->strides[0]) = value;
+            return 0;
+        }
+    }
+    PyObject *index = PyLong_FromSsize_t(pos); /* (anything else: its own assignment) */
+    if (!index)
+        return -1;
+    int set = PyObject_SetItem(present, index, until);
+    Py_DECREF(index);
+    return set;
+}
+
+/* A view of present when it is a writable 1-D float64 buffer (else view->buf stays NULL). */
+static void
+float_view(PyObject *present, Py_buffer *view)
+{
+    view->buf = NULL;
+    if (PyList_CheckExact(present) || !PyObject_CheckBuffer(present))
+        return;
+    if (PyObject_GetBuffer(present, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_STRIDES) < 0) {
+        PyErr_Clear();
+        view->buf = NULL;
+        return;
+    }
+    if (view->ndim != 1 || view->itemsize != 8 || !view->format || strcmp(view->format, "d")) {
+        PyBuffer_Release(view);
+        view->buf = NULL;
+    }
+}
+
+static PyObject *
+subscribe(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *waiting, *sending, *cached, *answering, *keys_obj, *subs_obj, *present;
+    long long base;
+    if (!PyArg_ParseTuple(args, "O!OO!O!OOOL", &PyDict_Type, &waiting, &sending, &PyDict_Type,
+                          &cached, &PyDict_Type, &answering, &keys_obj, &subs_obj, &present,
+                          &base))
+        return NULL;
+    if (!PyAnySet_Check(sending)) {
+        PyErr_SetString(PyExc_TypeError, "sending must be a set");
+        return NULL;
+    }
+    PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
+    if (!keys)
+        return NULL;
+    PyObject *subs = NULL, *to_send = NULL;
+    long long start = 0, step = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    Py_ssize_t fresh = 0, shared = 0, hits = 0, just_answered = 0;
+    Py_buffer view;
+    view.buf = NULL;
+    int viewed = 0;
+    if (PyRange_Check(subs_obj)) { /* (the usual subs: base + position) */
+        Py_ssize_t count = PyObject_Length(subs_obj);
+        PyObject *first = PyObject_GetAttrString(subs_obj, "start");
+        PyObject *stride = first ? PyObject_GetAttrString(subs_obj, "step") : NULL;
+        if (stride) {
+            start = PyLong_AsLongLong(first);
+            step = PyLong_AsLongLong(stride);
+        }
+        Py_XDECREF(first);
+        Py_XDECREF(stride);
+        if (count < 0 || PyErr_Occurred())
+            goto fail;
+        if (count < n)
+            n = count;
+    } else {
+        subs = PySequence_Fast(subs_obj, "subs must be a sequence");
+        if (!subs)
+            goto fail;
+        if (PySequence_Fast_GET_SIZE(subs) < n)
+            n = PySequence_Fast_GET_SIZE(subs); /* zip: the shorter */
+    }
+    to_send = PyList_New(0);
+    if (!to_send)
+        goto fail;
+    int look_cached = PyDict_GET_SIZE(cached) > 0, look_answering = PyDict_GET_SIZE(answering) > 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+        PyObject *until = NULL;
+        if (look_cached) {
+            until = PyDict_GetItemWithError(cached, key);
+            if (until == Py_None)
+                until = NULL;
+            else if (until)
+                hits++;
+        }
+        if (!until && look_answering && !PyErr_Occurred()) {
+            until = PyDict_GetItemWithError(answering, key);
+            if (until == Py_None)
+                until = NULL;
+            else if (until)
+                just_answered++;
+        }
+        if (PyErr_Occurred())
+            goto fail;
+        long long sub_value = 0;
+        PyObject *sub = NULL;
+        if (subs) {
+            sub = PySequence_Fast_GET_ITEM(subs, i);
+            if (until) {
+                sub_value = PyLong_AsLongLong(sub);
+                if (sub_value == -1 && PyErr_Occurred())
+                    goto fail;
+            }
+        } else {
+            sub_value = start + step * (long long)i;
+        }
+        if (until) {
+            if (!viewed) {
+                float_view(present, &view);
+                viewed = 1;
+            }
+            if (write_present(present, &view, (Py_ssize_t)(sub_value - base), until) < 0)
+                goto fail;
+            continue;
+        }
+        if (subs) {
+            if (enter_one(waiting, sending, key, sub, to_send, &fresh, &shared) < 0)
+                goto fail;
+        } else {
+            PyObject *made = PyLong_FromLongLong(sub_value);
+            int entered = made ? enter_one(waiting, sending, key, made, to_send, &fresh, &shared)
+                               : -1;
+            Py_XDECREF(made);
+            if (entered < 0)
+                goto fail;
+        }
+    }
+    if (view.buf)
+        PyBuffer_Release(&view);
+    Py_DECREF(keys);
+    Py_XDECREF(subs);
+    return Py_BuildValue("(Nnnnn)", to_send, fresh, shared, hits, just_answered);
+fail:
+    if (view.buf)
+        PyBuffer_Release(&view);
+    Py_DECREF(keys);
+    Py_XDECREF(subs);
+    Py_XDECREF(to_send);
+    return NULL;
+}
+
+/* The lookup a run of subscribers belongs to, its attributes read once (fan_out). */
+typedef struct {
+    long long ident; /* -1: none held */
+    PyObject *lookup; /* strong; NULL when lookups has none (or it is done) */
+    PyObject *present; /* strong */
+    Py_buffer view;
+    long long waiting;
+} Held;
+
+static PyObject *s_done, *s_round_present, *s_waiting;
+
+/* Write the held lookup's waiting back and let it go: 0, or -1 with an exception set. */
+static int
+let_go(Held *held)
+{
+    int failed = 0;
+    if (held->lookup) {
+        PyObject *count = PyLong_FromLongLong(held->waiting);
+        failed = !count || PyObject_SetAttr(held->lookup, s_waiting, count) < 0;
+        Py_XDECREF(count);
+    }
+    if (held->view.buf)
+        PyBuffer_Release(&held->view);
+    held->view.buf = NULL;
+    Py_CLEAR(held->lookup);
+    Py_CLEAR(held->present);
+    held->ident = -1;
+    return failed ? -1 : 0;
+}
+
+/* Hold the lookup of ident (NULL when it is missing or done): 0, or -1. */
+static int
+hold(Held *held, PyObject *lookups, long long ident)
+{
+    if (let_go(held) < 0)
+        return -1;
+    held->ident = ident;
+    PyObject *key = PyLong_FromLongLong(ident);
+    if (!key)
+        return -1;
+    PyObject *lookup = PyDict_GetItemWithError(lookups, key); /* borrowed */
+    Py_DECREF(key);
+    if (!lookup)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *done = PyObject_GetAttr(lookup, s_done);
+    if (!done)
+        return -1;
+    int is_done = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (is_done)
+        return is_done < 0 ? -1 : 0;
+    PyObject *present = PyObject_GetAttr(lookup, s_round_present);
+    if (!present)
+        return -1;
+    PyObject *count = PyObject_GetAttr(lookup, s_waiting);
+    long long waiting = count ? PyLong_AsLongLong(count) : -1;
+    Py_XDECREF(count);
+    if (waiting == -1 && PyErr_Occurred()) {
+        Py_DECREF(present);
+        return -1;
+    }
+    Py_INCREF(lookup);
+    held->lookup = lookup;
+    held->present = present;
+    held->waiting = waiting;
+    float_view(present, &held->view);
+    return 0;
+}
+
+/* One subscriber's answer: 0, or -1 with an exception set. */
+static int
+answer_one(Held *held, PyObject *lookups, PyObject *ready, PyObject *sub, PyObject *value)
+{
+    long long code = PyLong_AsLongLong(sub);
+    if (code == -1 && PyErr_Occurred())
+        return -1;
+    long long ident = code >> 32;
+    if (ident != held->ident && hold(held, lookups, ident) < 0)
+        return -1;
+    if (!held->lookup)
+        return 0;
+    if (write_present(held->present, &held->view, (Py_ssize_t)(code & 0xffffffffLL), value) < 0)
+        return -1;
+    if (--held->waiting == 0 && PyList_Append(ready, held->lookup) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *
+fan_out(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *waiting, *lookups, *keys_obj, *values_obj;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyDict_Type, &waiting, &PyDict_Type, &lookups,
+                          &keys_obj, &values_obj))
+        return NULL;
+    PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
+    if (!keys)
+        return NULL;
+    PyObject *values = PySequence_Fast(values_obj, "values must be a sequence");
+    PyObject *ready = NULL;
+    PyObject **shared = NULL; /* pass 2: (subscribers list, value index) */
+    Py_ssize_t *shared_at = NULL, n_shared = 0;
+    Held held = {-1, NULL, NULL, {0}, 0};
+    held.view.buf = NULL;
+    if (!values)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    if (PySequence_Fast_GET_SIZE(values) < n)
+        n = PySequence_Fast_GET_SIZE(values); /* zip: the shorter */
+    ready = PyList_New(0);
+    shared = PyMem_Malloc(sizeof(PyObject *) * (n ? n : 1));
+    shared_at = PyMem_Malloc(sizeof(Py_ssize_t) * (n ? n : 1));
+    if (!ready || !shared || !shared_at) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+        PyObject *subscribers = PyDict_GetItemWithError(waiting, key); /* borrowed */
+        if (!subscribers) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        Py_INCREF(subscribers);
+        if (PyDict_DelItem(waiting, key) < 0) {
+            Py_DECREF(subscribers);
+            goto fail;
+        }
+        if (subscribers == Py_None) {
+            Py_DECREF(subscribers);
+            continue;
+        }
+        if (PyLong_Check(subscribers)) {
+            int answered = answer_one(&held, lookups, ready, subscribers,
+                                      PySequence_Fast_GET_ITEM(values, i));
+            Py_DECREF(subscribers);
+            if (answered < 0)
+                goto fail;
+            continue;
+        }
+        shared[n_shared] = subscribers; /* (the reference moves there) */
+        shared_at[n_shared++] = i;
+    }
+    for (Py_ssize_t j = 0; j < n_shared; j++) {
+        PyObject *subs = PySequence_Fast(shared[j], "subscribers must be an int or a list");
+        if (!subs)
+            goto fail;
+        PyObject *value = PySequence_Fast_GET_ITEM(values, shared_at[j]);
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(subs); k++) {
+            if (answer_one(&held, lookups, ready, PySequence_Fast_GET_ITEM(subs, k), value) < 0) {
+                Py_DECREF(subs);
+                goto fail;
+            }
+        }
+        Py_DECREF(subs);
+    }
+    if (let_go(&held) < 0)
+        goto fail;
+    for (Py_ssize_t j = 0; j < n_shared; j++)
+        Py_DECREF(shared[j]);
+    PyMem_Free(shared);
+    PyMem_Free(shared_at);
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    return ready;
+fail:
+    if (held.ident != -1) { /* (keep the exception: write back what was counted) */
+        PyObject *type, *val, *tb;
+        PyErr_Fetch(&type, &val, &tb);
+        if (let_go(&held) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, val, tb);
+    }
+    if (shared)
+        for (Py_ssize_t j = 0; j < n_shared; j++)
+            Py_DECREF(shared[j]);
+    PyMem_Free(shared);
+    PyMem_Free(shared_at);
+    Py_DECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(ready);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"enter_keys", enter_keys, METH_VARARGS,
      "enter_keys(waiting, sending, keys, subs): each key joins or enters the table; returns "
      "(to_send, fresh, shared)."},
+    {"subscribe", subscribe, METH_VARARGS,
+     "subscribe(waiting, sending, cached, answering, keys, subs, present, base): answer the "
+     "keys cached or answering, enter the others; returns (to_send, fresh, shared, hits, "
+     "just_answered)."},
+    {"fan_out", fan_out, METH_VARARGS,
+     "fan_out(waiting, lookups, keys, values): one RPC's answers to their subscribers; "
+     "returns the lookups whose waiting reached 0."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -99,5 +487,10 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__table_c(void)
 {
+    s_done = PyUnicode_InternFromString("done");
+    s_round_present = PyUnicode_InternFromString("round_present");
+    s_waiting = PyUnicode_InternFromString("waiting");
+    if (!s_done || !s_round_present || !s_waiting)
+        return NULL;
     return PyModule_Create(&module);
 }

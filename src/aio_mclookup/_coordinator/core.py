@@ -24,7 +24,7 @@ import itertools
 import logging
 import math
 import operator
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ from .._rows import common_rows
 from .breaker import Breaker
 from .caches import KnownPrefixes, NextChunk, PositiveCache
 from .options import CoordinatorOptions
-from .table import BULK, POS_BITS, POS_MASK, KeyTable, Subscribers
+from .table import POS_BITS, POS_MASK, KeyTable, Subscribers
 
 __all__ = ["CoordinatorCore", "LookupState"]
 
@@ -359,34 +359,11 @@ class CoordinatorCore:
         if self._cache:
             self._cache.expire(self._now)
             cached = self._cache.members
-        table = self.table
-        answering = table.answering
         base = lookup.ident << POS_BITS
         keys, subs = _without(keys, known_at, base)
-        hits = just_answered = 0
-        if (
-            len(keys) < BULK  # (a loop is cheaper than whole-round tests below that)
-            or (cached and not cached.keys().isdisjoint(keys))
-            or (answering and not answering.keys().isdisjoint(keys))
-        ):  # answer what the cache and the RPC being fanned out know, key by key
-            present = lookup.round_present
-            open_keys: list[bytes] = []
-            open_subs: list[int] = []
-            for sub, key in zip(subs, keys):
-                until = cached.get(key)
-                if until is not None:
-                    hits += 1
-                elif answering:
-                    until = answering.get(key)
-                    if until is not None:
-                        just_answered += 1
-                if until is None:
-                    open_keys.append(key)
-                    open_subs.append(sub)
-                else:
-                    present[sub - base] = until
-            keys, subs = open_keys, open_subs
-        fresh, shared = table.enter(keys, subs)
+        fresh, shared, hits, just_answered = self.table.subscribe(
+            keys, subs, cached, lookup.round_present, base
+        )
         unit = lookup.unit
         stats.dedup_hits_total += (shared + just_answered) * unit
         stats.cache_hits_total += hits * unit
@@ -715,7 +692,7 @@ class CoordinatorCore:
         self.table.answered(keys)
         self.breaker.succeeded(now)
         flags = present.tolist()
-        values = np.where(present, mark, 0.0)
+        values: list[float] = np.where(present, mark, 0.0).tolist()
         if options.cache_ttl is not None:  # before the fan-out: next rounds may read it
             self._cache.add(
                 tuple(itertools.compress(keys, flags)), mark, options.cache_max_keys
@@ -726,72 +703,13 @@ class CoordinatorCore:
                 itertools.compress(keys, map(operator.not_, flags)), 0.0
             )
         else:
-            self.table.answering = dict(zip(keys, values.tolist()))
-        pop: Callable[[bytes, None], Subscribers | None] = waiting.pop
-        waiting_for = list(map(pop, keys, itertools.repeat(None)))
-        try:  # one subscriber each (the usual case): runs of a lookup's answers at once
-            owners = np.fromiter(waiting_for, np.int64, len(waiting_for))
-        except (TypeError, ValueError):  # shared keys (or none waiting): those one by one
-            owners = np.fromiter(
-                (sub if type(sub) is int else -1 for sub in waiting_for),
-                np.int64,
-                len(waiting_for),
-            )
+            self.table.answering = dict(zip(keys, values))
         try:
-            single = owners >= 0
-            if single.all():
-                self._answer_runs(owners, values, ())
-            else:
-                shared = [
-                    (sub, value)
-                    for sub, value, alone in zip(waiting_for, values.tolist(), single.tolist())
-                    if not alone and sub is not None
-                ]
-                self._answer_runs(owners[single], values[single], shared)
+            for lookup in self.table.fan_out(keys, values, self.lookups):
+                if not lookup.done:  # (a walker's advance may settle its followers)
+                    self._advance(lookup)
         finally:
             self.table.answering = {}
-
-    def _answer_runs(
-        self,
-        owners: npt.NDArray[np.int64],
-        values: npt.NDArray[np.float64],
-        shared: Sequence[tuple[Subscribers, float]],
-    ) -> None:
-        """An RPC's answers: those with one subscriber each (``owners``) delivered a run of
-        one lookup's keys at a time, then the ``shared`` ones key by key; the lookups whose
-        round is then complete go on."""
-        if not owners.size:
-            for sub, value in shared:
-                self._answer(sub, value)
-            return
-        idents = owners >> POS_BITS
-        positions = owners & POS_MASK
-        starts = np.flatnonzero(np.concatenate(([True], idents[1:] != idents[:-1])))
-        cuts = starts.tolist()
-        ends = [*cuts[1:], len(owners)]
-        at, answers = positions.tolist(), values.tolist()  # (numpy costs per call: runs are
-        lookups = self.lookups  # often short, one lookup's share of a busy RPC)
-        ready = []
-        for ident, lo, hi in zip(idents[starts].tolist(), cuts, ends):
-            lookup = lookups.get(ident)
-            if lookup is None or lookup.done:
-                continue
-            present = lookup.round_present
-            if isinstance(present, list):
-                for pos, value in zip(at[lo:hi], answers[lo:hi]):
-                    present[pos] = value
-            elif at[lo:hi] == list(range(at[lo], at[lo] + hi - lo)):  # (usual: a slice)
-                present[at[lo] : at[lo] + hi - lo] = values[lo:hi]
-            else:
-                present[positions[lo:hi]] = values[lo:hi]
-            lookup.waiting -= hi - lo
-            if not lookup.waiting:
-                ready.append(lookup)
-        for sub, value in shared:  # (a lookup whose last answer is here goes on here)
-            self._answer(sub, value)
-        for lookup in ready:
-            if not lookup.done:
-                self._advance(lookup)
 
 
 class Batch(tuple[bytes, ...]):

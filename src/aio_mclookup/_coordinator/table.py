@@ -9,12 +9,15 @@ collector tracks costs time, and a dict holding only ints is not tracked at all.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .. import _native
 
-__all__ = ["BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers", "enter_keys"]
+__all__ = [
+    "BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers", "Waiter", "enter_keys", "fan_out",
+    "subscribe_keys",
+]
 
 Subscribers = int | list[int]
 """Who waits for one key's answer: one subscriber, or a list of them (the key is shared)."""
@@ -28,7 +31,7 @@ POS_BITS = 32
 POS_MASK = (1 << POS_BITS) - 1
 
 _C: Any = _native.load("aio_mclookup._coordinator._table_c")
-"""The compiled :func:`enter_keys`, or ``None``: the Python one."""
+"""The compiled :func:`enter_keys` and :func:`subscribe_keys`, or ``None``: the Python ones."""
 
 
 def enter_keys(
@@ -55,6 +58,89 @@ def enter_keys(
         if key not in sending:  # joined while queued
             to_send.append(key)
     return to_send, fresh, shared
+
+
+def subscribe_keys(
+    waiting: dict[bytes, Subscribers],
+    sending: set[bytes],
+    cached: Mapping[bytes, float],
+    answering: Mapping[bytes, float],
+    keys: Sequence[bytes],
+    subs: Sequence[int],
+    present: MutableSequence[float] | Any,
+    base: int,
+) -> tuple[list[bytes], int, int, int, int]:
+    """One round's keys (subscribers ``subs``, positions ``sub - base`` in ``present``): a
+    key ``cached`` knows or ``answering`` has just answered gets that answer in ``present``;
+    the others enter the table (:func:`enter_keys`). Returns the keys to queue, how many were
+    new, joined, answered by the cache and answered by the RPC being fanned out. Its compiled
+    twin is ``_table_c.subscribe``, which does it in one pass."""
+    open_keys: list[bytes] = []
+    open_subs: list[int] = []
+    hits = just_answered = 0
+    for sub, key in zip(subs, keys):
+        until = cached.get(key)
+        if until is not None:
+            hits += 1
+        elif answering:
+            until = answering.get(key)
+            if until is not None:
+                just_answered += 1
+        if until is None:
+            open_keys.append(key)
+            open_subs.append(sub)
+        else:
+            present[sub - base] = until
+    to_send, fresh, shared = enter_keys(waiting, sending, open_keys, open_subs)
+    return to_send, fresh, shared, hits, just_answered
+
+
+class Waiter(Protocol):
+    """What the fan-out reads and writes of a lookup (the core's ``LookupState``)."""
+
+    done: bool
+    """Settled: answers for it are dropped."""
+    waiting: int
+    """Answers of its round still to come."""
+    round_present: Any
+    """Its round's answers by position (a list of floats, or a float64 array)."""
+
+
+W = TypeVar("W", bound=Waiter)
+
+
+def fan_out(
+    waiting: dict[bytes, Subscribers], lookups: Mapping[int, W], keys: Sequence[bytes],
+    values: Sequence[float],
+) -> list[W]:
+    """One RPC's answers (``values[i]`` for ``keys[i]``) to the subscribers ``waiting`` holds
+    for each key, whose entry leaves ``waiting``: each subscriber's lookup (skipped when gone
+    or done) gets the value at its position and one answer less to wait for. Returns the
+    lookups whose round is then complete: those of keys with one subscriber first, then
+    those of shared keys. Its compiled twin is ``_table_c.fan_out``."""
+    ready: list[W] = []
+    shared: list[tuple[list[int], float]] = []
+    for key, value in zip(keys, values):
+        subscribers = waiting.pop(key, None)
+        if subscribers is None:
+            continue
+        if isinstance(subscribers, int):
+            _answer_one(lookups, ready, subscribers, value)
+        else:
+            shared.append((subscribers, value))
+    for subs, value in shared:
+        for sub in subs:
+            _answer_one(lookups, ready, sub, value)
+    return ready
+
+
+def _answer_one(lookups: Mapping[int, W], ready: list[W], sub: int, value: float) -> None:
+    lookup = lookups.get(sub >> POS_BITS)
+    if lookup is not None and not lookup.done:
+        lookup.round_present[sub & POS_MASK] = value
+        lookup.waiting -= 1
+        if not lookup.waiting:
+            ready.append(lookup)
 
 
 class _Round:
@@ -106,6 +192,16 @@ class KeyTable:
         them: an abandoned key someone joined since counts as not)."""
         return self.queued - len(self.abandoned)
 
+    def fan_out(
+        self, keys: Sequence[bytes], values: Sequence[float], lookups: Mapping[int, W]
+    ) -> list[W]:
+        """An RPC's answers to everyone waiting for them (:func:`fan_out`); returns the
+        lookups whose round they complete."""
+        if _C is not None:
+            ready: list[W] = _C.fan_out(self.waiting, lookups, keys, values)
+            return ready
+        return fan_out(self.waiting, lookups, keys, values)
+
     def answered(self, keys: Sequence[bytes]) -> None:
         """An RPC of ``keys`` is over: they are no longer sending."""
         self.sending.difference_update(keys)
@@ -134,6 +230,42 @@ class KeyTable:
         if fresh:
             self._queue_round(to_send, fresh)
         return fresh, shared
+
+    def subscribe(
+        self,
+        keys: Sequence[bytes],
+        subs: Sequence[int],
+        cached: Mapping[bytes, float],
+        present: MutableSequence[float] | Any,
+        base: int,
+    ) -> tuple[int, int, int, int]:
+        """One round's open ``keys`` (subscribers ``subs``): those ``cached`` knows, or
+        :attr:`answering` holds, get that answer in ``present`` (at ``sub - base``); the others
+        join a key queued or in flight, or are queued. Returns how many were queued, joined,
+        answered by the cache, and answered by the RPC being fanned out.
+
+        Compiled, one pass (:func:`subscribe_keys`); in Python a round of :data:`BULK` keys or
+        more that neither the cache nor that RPC knows is entered whole (:meth:`enter`)."""
+        answering = self.answering
+        if _C is not None:
+            to_send, fresh, shared, hits, just_answered = _C.subscribe(
+                self.waiting, self.sending, cached, answering, keys, subs, present, base
+            )
+            if fresh:
+                self._queue_round(to_send, fresh)
+            return fresh, shared, hits, just_answered
+        if (
+            len(keys) >= BULK  # (a loop is cheaper than whole-round tests below that)
+            and (not cached or cached.keys().isdisjoint(keys))
+            and (not answering or answering.keys().isdisjoint(keys))
+        ):
+            return (*self.enter(keys, subs), 0, 0)
+        to_send, fresh, shared, hits, just_answered = subscribe_keys(
+            self.waiting, self.sending, cached, answering, keys, subs, present, base
+        )
+        if fresh:
+            self._queue_round(to_send, fresh)
+        return fresh, shared, hits, just_answered
 
     def _queue_round(self, keys: Sequence[bytes], fresh: int) -> None:
         """A round queued ``keys``: ``fresh`` of them new to :attr:`waiting` (entered there
