@@ -315,8 +315,12 @@ class CoordinatorCore:
             if until < lookup.valid_until:
                 lookup.valid_until = until
         present = lookup.round_present
-        if lookup.unit > 1:  # one answer per item: per key, as the probe state counts them
-            present = np.repeat(present, lookup.unit)
+        unit = lookup.unit
+        if unit > 1:  # one answer per item: per key, as the probe state counts them
+            if isinstance(present, list):  # (a short round: numpy's cost per call is more)
+                present = [value for value in present for _ in range(unit)]
+            else:
+                present = np.repeat(present, unit)
         lookup.state.record(lookup.round_keys, present)
 
     def _remember_prefix(self, lookup: LookupState) -> None:

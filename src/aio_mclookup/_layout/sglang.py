@@ -223,7 +223,9 @@ class SGLangLayout:
 
     def _chain_seed(self, extra_key: object, cache_salt: object) -> bytes | None:
         """The seed page 0 is chained from: the namespace's on 0.5.20+ (checked on every
-        release; 0.5.17 ignores it)."""
+        release; 0.5.17 ignores it). No namespace (the usual request) has no seed."""
+        if extra_key is None and cache_salt is None:
+            return None
         from .._hashing.sglang import namespace_seed
 
         seed = namespace_seed(extra_key, cache_salt)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from .._plan.keys import ITEM_END
 from .geometry import Geometry
 from .groups import FullAttention
 from .namespaces import Namespace
@@ -65,6 +66,7 @@ class SGLangGeometry(Geometry):
 
     __slots__ = (
         "eagle",
+        "item_keys",
         "key_prefix",
         "key_suffixes",
         "page_size",
@@ -111,6 +113,14 @@ class SGLangGeometry(Geometry):
         )
         """The suffixes as a (slots, width) matrix when they share one width (the vectorised
         key assembly), else None."""
+        k = len(key_suffixes)
+        self.item_keys = (
+            k if k > 1 and ITEM_END not in key_prefix and not any(
+                ITEM_END in suffix for suffix in key_suffixes
+            ) else 1
+        )
+        """A page's keys in every slot make one coordinator item (several slots, and no key
+        holds :data:`ITEM_END`): how many; else 1."""
 
     @property
     def keys_per_page(self) -> int:

@@ -195,11 +195,7 @@ class SGLangPlan(LookupPlan):
     def _chunk_keys(self) -> int:
         """A page's keys in every slot are one coordinator item (several slots, and no key
         holds :data:`ITEM_END`), else 1."""
-        geo = self._sglang
-        k = geo.keys_per_page
-        if k < 2 or ITEM_END in geo.key_prefix or any(ITEM_END in s for s in geo.key_suffixes):
-            return 1
-        return k
+        return self._sglang.item_keys
 
     def _items_at(self, indices: KeyIndices) -> list[bytes]:
         """One item per page that ascending key indices cover whole: the page's keys, each
