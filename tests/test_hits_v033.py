@@ -149,13 +149,16 @@ def store_answers(mode: str, seed: int, keys: list[str]) -> list[int] | None:
 
 
 def _probed_result(
-    plan: mcl.LookupPlan, answers: list[int], window: int | None
+    plan: mcl.LookupPlan, answers: list[int], window: int | None, ahead: int | None = None
 ) -> mcl.LookupResult:
+    """The result of probing in rounds of ``window``; the first round also asks, with window
+    ``ahead``, what the next would if its full-attention units were absent (as the
+    coordinator does after a known prefix whose next chunk is likely absent)."""
     present = np.array([a == 1 for a in answers], dtype=bool)
     state = probe_state(plan)
     seen: set[int] = set()
-    for _ in range(plan.num_keys + 2):
-        idx = state.next_keys(window)
+    for i in range(plan.num_keys + 2):
+        idx = state.next_keys(window, ahead if i == 0 else None)
         got = list(idx)
         if not got:
             break
@@ -195,9 +198,9 @@ def check_request(
         with pytest.raises(mcl.InvalidRequest):
             plan.resolve_result(answers)
         if answers is not None and plan.num_keys and _consistent(want_keys, answers):
-            for window in (None, 1, 8):  # rounds raise where one round does
-                with pytest.raises(mcl.InvalidRequest):
-                    _probed_result(plan, answers, window)
+            for window, ahead in ((None, None), (1, None), (8, None), (1, 16)):  # rounds
+                with pytest.raises(mcl.InvalidRequest):  # raise where one round does
+                    _probed_result(plan, answers, window, ahead)
         return
     got = plan.resolve_result(answers)
     assert got.hit_length == want.hit_length
@@ -212,6 +215,8 @@ def check_request(
                 # may rely on that)
                 for window in (1, 3, 8, 16):  # (8 and up: windows with scouts)
                     assert _probed_result(plan, answers, window) == got
+                for window, ahead in ((1, 1), (1, 16), (3, 8)):
+                    assert _probed_result(plan, answers, window, ahead) == got
 
 
 @settings(

@@ -257,9 +257,13 @@ class CoordinatorCore:
         options = self.options
         while not lookup.done:
             window = options.probe_window
+            ahead = None
             if window is not None and (self.rpcs_in_flight or self.table.live):  # busy
                 if lookup.likely_miss and not state.rounds:
-                    window = 1  # test the likely miss alone first
+                    # Test the likely miss alone first, and with it (a plan with other groups)
+                    # what the next round would ask if it is absent: their windows there.
+                    ahead = window << 1  # (the next round's window: a prefix is known)
+                    window = 1
                 else:
                     if not state.rounds and state.known_prefix == 0:
                         lookup.cold = True
@@ -268,7 +272,9 @@ class CoordinatorCore:
                 window = None
             if lookup.plan.num_keys > options.max_round_keys:
                 window = self._bounded(lookup, window)
-            wanted = state.next_keys(window)
+                if ahead is not None:
+                    ahead = self._bounded(lookup, ahead)
+            wanted = state.next_keys(window, ahead)
             count = len(wanted)
             if not count:
                 assert state.hit is not None

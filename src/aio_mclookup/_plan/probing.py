@@ -109,11 +109,14 @@ class ProbeState:
             return self._prefix, self._prefix < self.plan.groups[0].limit
         return _known_run(self._answered[group], self._present[group])
 
-    def next_keys(self, window: int | None = None) -> KeyIndices:
+    def next_keys(self, window: int | None = None, ahead: int | None = None) -> KeyIndices:
         """Key indices to probe next (ascending); empty once :attr:`hit` is set.
 
         ``window`` caps how many of the unknown chunks each spec-group's answer rests on are
-        probed this round (the lowest first): fewer keys per round, more rounds.
+        probed this round (the lowest first): fewer keys per round, more rounds. ``ahead``
+        asks for the next round's keys too, with that window, should this round's
+        full-attention chunks all be absent (a vLLM 0.32 / 0.33 plan with other groups: see
+        :meth:`EraCProbeState.next_keys`); these rules ignore it.
         """
         plan = self.plan
         if self.answered_ahead[0]:

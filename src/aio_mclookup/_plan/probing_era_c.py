@@ -12,6 +12,8 @@ import numpy.typing as npt
 
 from .. import _native
 from .._arrays import EMPTY, BoolArray, IntArray, KeyIndices
+from .._errors import Error
+from .._layout.groups import FullAttention
 from .._resolve.era_c import era_c_partial
 from .._resolve.result import LookupResult
 from .era_c import EraCPlan
@@ -84,9 +86,17 @@ class EraCProbeState(ProbeState):
         self._result = result
         self.hit = result.hit_length
 
-    def next_keys(self, window: int | None = None) -> KeyIndices:
+    def next_keys(self, window: int | None = None, ahead: int | None = None) -> KeyIndices:
         """Key indices to probe next (ascending); empty once :attr:`hit` is set. ``window``
-        caps the unknown units probed per spec-group this round (the lowest first)."""
+        caps the unknown units probed per spec-group this round (the lowest first).
+
+        ``ahead`` marks a round testing a likely miss (the full-attention chunk after a
+        known prefix, at ``window`` 1): it also probes what the next round would, with window
+        ``ahead``, were this round's full-attention units absent (the other groups' windows
+        at the hit that would leave), which saves a round trip when the miss is one and asks
+        those keys for nothing when it is not; with full attention settled already, the
+        round is simply one of window ``ahead``. The answers stay exact either way: every key
+        asked is answered and recorded."""
         plan = self.plan
         if self.hit is not None:
             return EMPTY
@@ -107,6 +117,8 @@ class EraCProbeState(ProbeState):
         if isinstance(found, LookupResult):
             self._settle(found)
             return EMPTY
+        if ahead is not None:
+            found = self._and_next(found, ahead)
         self.rounds += 1
         if _C is not None:
             keys = _C.keys_of(self._codes(), found, plan._units)
@@ -121,6 +133,36 @@ class EraCProbeState(ProbeState):
             wanted.append(position_keys(probe, np.searchsorted(probed_units, units), k))
         # Groups own disjoint key ranges and positions are unique: sorting is enough.
         return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
+
+    def _and_next(self, found: list[IntArray], window: int) -> list[IntArray]:
+        """A likely miss's round: ``found`` (the search's units at this round's window) and the
+        units it would ask next, with ``window``, were the full-attention ones among them all
+        absent (marked so while it runs, then unknown again). When full attention is settled
+        already there is no likely miss to test: the round of ``window`` instead."""
+        plan = self.plan
+        groups = plan.geometry.groups
+        marked = [
+            (gid, units) for gid, units in enumerate(found)
+            if units.size and isinstance(groups[gid], FullAttention)
+        ]
+        known, maybe = self._known_units, self._maybe_units
+        for gid, units in marked:
+            known[gid][units] = True
+            maybe[gid][units] = False
+        try:
+            scouts = SCOUTS if window >= SCOUT_WINDOW else 0
+            after = era_c_partial(plan.geometry, plan.num_tokens, maybe, known, window, scouts)
+        except Error:  # (vLLM would raise there: the rounds get to it, if it comes)
+            return found
+        finally:
+            for gid, units in marked:
+                known[gid][units] = False
+                maybe[gid][units] = True
+        if isinstance(after, LookupResult):
+            return found
+        if not marked:  # (the same search, a wider window: its units include found's)
+            return after
+        return [np.union1d(now, then) if then.size else now for now, then in zip(found, after)]
 
     def record(
         self, key_indices: KeyIndices, present: Sequence[object] | npt.NDArray[Any]
