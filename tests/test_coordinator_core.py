@@ -490,3 +490,44 @@ def test_an_rpcs_keys_come_out_of_its_items_whatever_their_shapes() -> None:
     same_total = tuple(_item([b"c" * 23] * k) for k in (4, 2, 8, 2))  # 4 x 96 bytes
     assert _uniform_items(same_total) is None
     assert _expand(same_total).starts.tolist() == [0, 4, 6, 14]  # type: ignore[attr-defined]
+
+
+AHEAD_033 = KVLayout(
+    [FullAttention(16), SlidingWindow(16, sliding_window=64)],
+    model="core-ahead", hash_block_size=16, scheduler_block_size=16, vllm_version="0.33",
+)
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_likely_miss_round_also_asks_the_windows_at_the_hit_it_would_leave(
+    ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a known prefix, a busy coordinator tests the chunk after it alone (likely
+    absent); in a plan with other groups that round also asks their windows at the hit that
+    would leave, so a confirmed miss settles the lookup in one round instead of two. The hit
+    is the plan's own either way."""
+    if not ahead:  # (the same lookup without it: the windows wait for a second round)
+        import aio_mclookup._plan.probing_era_c as probing_era_c
+        monkeypatch.setattr(probing_era_c.EraCProbeState, "_and_next", lambda s, f, w: f)
+    core = core_of(cache_ttl=5.0, probe_window=16)
+    doc = chain(24, b"d")
+    stored = set(AHEAD_033.plan(24 * 16, doc).keys)
+    first = core.begin(AHEAD_033.plan(24 * 16, doc), now=0.0)  # (learns the known prefix)
+    answer_all(core, stored)
+    assert first.hit == expected(first.plan, stored)
+    core.begin(AHEAD_033.plan(8 * 16, chain(8, b"o")), now=0.0)  # busy: its round in flight
+    in_flight, _ = core.take_batches(0.0)
+    assert core.rpcs_in_flight
+    plan = AHEAD_033.plan(32 * 16, doc + chain(8, b"t"))
+    lookup = core.begin(plan, now=0.0)
+    assert lookup.likely_miss
+    first_round = {plan.keys[i] for i in lookup.round_keys}
+    fa_keys, sw_keys = (set(plan._keys_at(range(p.key_offset, p.key_offset + p.chunks.size)))
+                        for p in plan.groups)
+    assert len(first_round & fa_keys) == 1  # the likely miss alone ...
+    assert bool(first_round & sw_keys) is ahead  # ... with the window below it, or not yet
+    for batch in in_flight:
+        core.settle_rpc(batch, 0.0, [1 if k in stored else 0 for k in batch], 0.0)
+    answer_all(core, stored)
+    assert lookup.done and lookup.hit == expected(plan, stored) > 0
+    assert lookup.state.rounds == (1 if ahead else 2)

@@ -187,6 +187,7 @@ def test_the_compiled_subscription_is_the_python_one(
     to_send, fresh, shared, hits, just_answered = outs[0][0]
     assert hits + just_answered + fresh + shared == len(keys)
     assert hits == sum(key in cached for key in keys)
+    assert fresh <= len(to_send) <= fresh + shared  # (the new keys, and joined queued ones)
 
 
 class _Lookup:
