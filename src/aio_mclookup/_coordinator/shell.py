@@ -125,6 +125,8 @@ class LookupCoordinator(CoreDriver):
         from the first such plan on; False where it cannot run (then plans prepare inline)."""
         self._preparing: set[asyncio.Future[None]] = set()
         """The jobs lookups await from it."""
+        self._worker_woken = True
+        """No job queued on the worker since it was last woken (see :meth:`_prepared_by`)."""
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -402,7 +404,10 @@ class LookupCoordinator(CoreDriver):
         loop = self._loop
         assert loop is not None
         done: asyncio.Future[None] = loop.create_future()
-        worker.submit(job, done)
+        worker.submit(job, done, False)  # (woken once for all the jobs of this loop turn:
+        if self._worker_woken:  # waking a waiting thread costs about what a job does)
+            self._worker_woken = False
+            loop.call_soon(self._wake_worker)
         self._preparing.add(done)
         try:
             if deadline is None:
@@ -432,6 +437,11 @@ class LookupCoordinator(CoreDriver):
                 worker = False
         self._worker = worker
         return worker
+
+    def _wake_worker(self) -> None:
+        self._worker_woken = True
+        if self._worker:
+            self._worker.wake()
 
     def _jobs_done(self) -> None:
         """Wake each lookup whose job the worker ran, unless it gave up waiting."""

@@ -66,6 +66,7 @@ class SGLangGeometry(Geometry):
 
     __slots__ = (
         "eagle",
+        "item_joiners",
         "item_keys",
         "key_prefix",
         "key_suffixes",
@@ -121,6 +122,13 @@ class SGLangGeometry(Geometry):
         )
         """A page's keys in every slot make one coordinator item (several slots, and no key
         holds :data:`ITEM_END`): how many; else 1."""
+        self.item_joiners: list[bytes] = [
+            key_prefix,
+            *(suffix + ITEM_END + key_prefix for suffix in key_suffixes[:-1]),
+            key_suffixes[-1] + ITEM_END,
+        ] if key_suffixes else []
+        """A page's item is its hash's hex joining these (prefix, hex, each slot's suffix and
+        :data:`ITEM_END`, over every slot): one C call."""
 
     @property
     def keys_per_page(self) -> int:

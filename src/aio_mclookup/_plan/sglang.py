@@ -200,11 +200,17 @@ class SGLangPlan(LookupPlan):
     def _items_at(self, indices: KeyIndices) -> list[bytes]:
         """One item per page that ascending key indices cover whole: the page's keys, each
         followed by :data:`ITEM_END`."""
-        k = self._sglang.keys_per_page
+        geo = self._sglang
+        k = geo.keys_per_page
         if isinstance(indices, range):
             pages: range | IntArray = range(indices.start // k, indices.stop // k)
         else:
             pages = indices[::k] // k
+        if len(pages) * k < _FEW_KEYS:  # (the usual round: a page or a few)
+            rows = self._groups[0].hash_rows
+            assert rows is not None
+            joiners = geo.item_joiners
+            return [rows[page].tobytes().hex().encode().join(joiners) for page in ints(pages)]
         keys = self._page_keys(pages)
         if not keys:
             return []
