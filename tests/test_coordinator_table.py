@@ -249,3 +249,48 @@ def test_the_compiled_fan_out_fails_as_the_python_one() -> None:
             fan({b"k": 1 << 32 | 3}, {1: lookup}, [b"k"], [1.0])
         with pytest.raises(TypeError):
             fan({b"k": "not a subscriber"}, {1: lookup}, [b"k"], [1.0])
+
+
+@needs_build
+def test_the_compiled_subscription_fails_as_the_python_one_and_leaves_the_table() -> None:
+    """An answer for a position past the round's (either end) raises IndexError on both paths,
+    before any key of the round enters the table."""
+    base = 5 << 32
+    for present in ([0.0] * 4, np.zeros(4)):
+        for subscribe in (C.subscribe, table_module.subscribe_keys):
+            waiting: dict[bytes, Subscribers] = {}
+            with pytest.raises(IndexError):  # (b"k0" is open; b"k1" cached, at position -6)
+                subscribe(waiting, set(), {b"k1": 1.0}, {}, [b"k0", b"k1"], [base, base - 6],
+                          present, base)
+            assert waiting == {} and list(present) == [0.0] * 4
+
+
+@needs_build
+def test_the_compiled_kernels_read_snapshots_of_what_python_code_may_change() -> None:
+    """Python code run from inside a kernel (a subscriber's append, a lookup's property) may
+    change the caller's containers: the kernel reads what it was given, and holds what it uses."""
+    base = 5 << 32
+    keys = [b"k%d" % i for i in range(4)]
+
+    class Shrinking(list[int]):
+        def append(self, sub: int) -> None:
+            del keys[:]
+
+    got = C.subscribe({b"k0": Shrinking()}, set(), {}, {}, keys, list(range(base, base + 4)),
+                      [0.0] * 4, base)
+    assert got[1:] == (3, 1, 0, 0)
+    lookups: dict[int, Any] = {}
+
+    class Leaving:
+        def __init__(self) -> None:
+            self.round_present = [0.0]
+            self.waiting = 1
+
+        @property
+        def done(self) -> bool:
+            lookups.clear()  # (its only other reference)
+            return False
+
+    lookups[5] = Leaving()
+    ready = C.fan_out({b"a": base}, lookups, [b"a"], [1.0])
+    assert len(ready) == 1 and ready[0].round_present == [1.0] and ready[0].waiting == 0

@@ -149,3 +149,13 @@ def test_what_the_second_review_found() -> None:
               (np.arange(3, dtype=np.int64),), (np.zeros(3, dtype=bool),),
               (np.zeros(3, dtype=bool),))
     assert C_PROBING.record(codes, np.array([-2**63], dtype=np.int64), [1.0], *arrays) is False
+
+
+def test_merged_units_are_the_union_ascending_each_once() -> None:
+    from aio_mclookup._plan.probing_era_c import _merged
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a = np.unique(rng.integers(0, 40, rng.integers(0, 8)))
+        b = np.unique(rng.integers(0, 40, rng.integers(0, 8)))
+        assert _merged(a, b).tolist() == np.union1d(a, b).tolist()

@@ -20,6 +20,11 @@
  *       subscriber's lookup (lookups[sub >> 32], skipped when missing or done) gets the
  *       value at round_present[sub & 0xffffffff] and one less to wait for; ready lists the
  *       lookups whose waiting reaches 0, keys with one subscriber first, then shared keys.
+ *
+ * Inputs as the core makes them: subscribers and base 64-bit ints, answers floats, a lookup's
+ * waiting an int (where Python would take other types, these raise TypeError, or overflow).
+ * Each reads tuple snapshots of its sequences and holds what it uses: Python code it runs (a
+ * subscriber list's append, a lookup's attribute) cannot change what it reads.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -76,24 +81,24 @@ enter_keys(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "sending must be a set");
         return NULL;
     }
-    PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
+    PyObject *keys = PySequence_Tuple(keys_obj); /* (a snapshot: see subscribe) */
     if (!keys)
         return NULL;
-    PyObject *subs = PySequence_Fast(subs_obj, "subs must be a sequence");
+    PyObject *subs = PySequence_Tuple(subs_obj);
     if (!subs) {
         Py_DECREF(keys);
         return NULL;
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
-    if (PySequence_Fast_GET_SIZE(subs) < n)
-        n = PySequence_Fast_GET_SIZE(subs); /* zip: the shorter */
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (PyTuple_GET_SIZE(subs) < n)
+        n = PyTuple_GET_SIZE(subs); /* zip: the shorter */
     PyObject *to_send = PyList_New(0);
     Py_ssize_t fresh = 0, shared = 0;
     if (!to_send)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (enter_one(waiting, sending, PySequence_Fast_GET_ITEM(keys, i),
-                      PySequence_Fast_GET_ITEM(subs, i), to_send, &fresh, &shared) < 0)
+        if (enter_one(waiting, sending, PyTuple_GET_ITEM(keys, i),
+                      PyTuple_GET_ITEM(subs, i), to_send, &fresh, &shared) < 0)
             goto fail;
     }
     Py_DECREF(keys);
@@ -128,21 +133,26 @@ write_present(PyObject *present, Py_buffer *view, Py_ssize_t pos, PyObject *unti
         return 0;
     }
     if (view->buf) {
-        Py_ssize_t size = view->shape[0];
-        if (pos < 0)
-            pos += size;
+        Py_ssize_t size = view->shape[0], at = pos < 0 ? pos + size : pos;
+        if (at < 0 || at >= size) {
+            PyErr_Format(PyExc_IndexError, "index %zd is out of bounds for axis 0 with size %zd",
+                         pos, size);
+            return -1;
+        }
+        Py_INCREF(until); /* (its __float__ may run Python code) */
         double value = PyFloat_AsDouble(until);
+        Py_DECREF(until);
         if (value == -1.0 && PyErr_Occurred())
             return -1;
-        if (pos >= 0 && pos < size) {
-            *(double *)((char *)view->buf + pos * view->strides[0]) = value;
-            return 0;
-        }
+        *(double *)((char *)view->buf + at * view->strides[0]) = value;
+        return 0;
     }
     PyObject *index = PyLong_FromSsize_t(pos); /* (anything else: its own assignment) */
     if (!index)
         return -1;
+    Py_INCREF(until);
     int set = PyObject_SetItem(present, index, until);
+    Py_DECREF(until);
     Py_DECREF(index);
     return set;
 }
@@ -178,12 +188,14 @@ subscribe(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "sending must be a set");
         return NULL;
     }
-    PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
+    /* (tuples: nothing the loop calls can change what it reads) */
+    PyObject *keys = PySequence_Tuple(keys_obj);
     if (!keys)
         return NULL;
     PyObject *subs = NULL, *to_send = NULL;
+    Py_ssize_t *open = NULL, n_open = 0;
     long long start = 0, step = 0;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
     Py_ssize_t fresh = 0, shared = 0, hits = 0, just_answered = 0;
     Py_buffer view;
     view.buf = NULL;
@@ -203,18 +215,24 @@ subscribe(PyObject *Py_UNUSED(self), PyObject *args)
         if (count < n)
             n = count;
     } else {
-        subs = PySequence_Fast(subs_obj, "subs must be a sequence");
+        subs = PySequence_Tuple(subs_obj);
         if (!subs)
             goto fail;
-        if (PySequence_Fast_GET_SIZE(subs) < n)
-            n = PySequence_Fast_GET_SIZE(subs); /* zip: the shorter */
+        if (PyTuple_GET_SIZE(subs) < n)
+            n = PyTuple_GET_SIZE(subs); /* zip: the shorter */
     }
     to_send = PyList_New(0);
-    if (!to_send)
+    open = PyMem_Malloc(sizeof(Py_ssize_t) * (n ? n : 1));
+    if (!to_send || !open) {
+        if (!open)
+            PyErr_NoMemory();
         goto fail;
+    }
+    /* First the answers the cache and the RPC being fanned out give (an error there leaves the
+     * table as it was, as the Python twin does), then the entry of the others. */
     int look_cached = PyDict_GET_SIZE(cached) > 0, look_answering = PyDict_GET_SIZE(answering) > 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
         PyObject *until = NULL;
         if (look_cached) {
             until = PyDict_GetItemWithError(cached, key);
@@ -232,32 +250,32 @@ subscribe(PyObject *Py_UNUSED(self), PyObject *args)
         }
         if (PyErr_Occurred())
             goto fail;
-        long long sub_value = 0;
-        PyObject *sub = NULL;
-        if (subs) {
-            sub = PySequence_Fast_GET_ITEM(subs, i);
-            if (until) {
-                sub_value = PyLong_AsLongLong(sub);
-                if (sub_value == -1 && PyErr_Occurred())
-                    goto fail;
-            }
-        } else {
-            sub_value = start + step * (long long)i;
-        }
-        if (until) {
-            if (!viewed) {
-                float_view(present, &view);
-                viewed = 1;
-            }
-            if (write_present(present, &view, (Py_ssize_t)(sub_value - base), until) < 0)
-                goto fail;
+        if (!until) {
+            open[n_open++] = i;
             continue;
         }
+        long long sub_value = start + step * (long long)i;
         if (subs) {
-            if (enter_one(waiting, sending, key, sub, to_send, &fresh, &shared) < 0)
+            sub_value = PyLong_AsLongLong(PyTuple_GET_ITEM(subs, i));
+            if (sub_value == -1 && PyErr_Occurred())
+                goto fail;
+        }
+        if (!viewed) {
+            float_view(present, &view);
+            viewed = 1;
+        }
+        if (write_present(present, &view, (Py_ssize_t)(sub_value - base), until) < 0)
+            goto fail;
+    }
+    for (Py_ssize_t j = 0; j < n_open; j++) {
+        Py_ssize_t i = open[j];
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        if (subs) {
+            if (enter_one(waiting, sending, key, PyTuple_GET_ITEM(subs, i), to_send, &fresh,
+                          &shared) < 0)
                 goto fail;
         } else {
-            PyObject *made = PyLong_FromLongLong(sub_value);
+            PyObject *made = PyLong_FromLongLong(start + step * (long long)i);
             int entered = made ? enter_one(waiting, sending, key, made, to_send, &fresh, &shared)
                                : -1;
             Py_XDECREF(made);
@@ -267,12 +285,14 @@ subscribe(PyObject *Py_UNUSED(self), PyObject *args)
     }
     if (view.buf)
         PyBuffer_Release(&view);
+    PyMem_Free(open);
     Py_DECREF(keys);
     Py_XDECREF(subs);
     return Py_BuildValue("(Nnnnn)", to_send, fresh, shared, hits, just_answered);
 fail:
     if (view.buf)
         PyBuffer_Release(&view);
+    PyMem_Free(open);
     Py_DECREF(keys);
     Py_XDECREF(subs);
     Py_XDECREF(to_send);
@@ -281,7 +301,8 @@ fail:
 
 /* The lookup a run of subscribers belongs to, its attributes read once (fan_out). */
 typedef struct {
-    long long ident; /* -1: none held */
+    int held; /* an ident is held (its lookup, or NULL when it has none) */
+    long long ident;
     PyObject *lookup; /* strong; NULL when lookups has none (or it is done) */
     PyObject *present; /* strong */
     Py_buffer view;
@@ -305,7 +326,7 @@ let_go(Held *held)
     held->view.buf = NULL;
     Py_CLEAR(held->lookup);
     Py_CLEAR(held->present);
-    held->ident = -1;
+    held->held = 0;
     return failed ? -1 : 0;
 }
 
@@ -315,32 +336,28 @@ hold(Held *held, PyObject *lookups, long long ident)
 {
     if (let_go(held) < 0)
         return -1;
+    held->held = 1;
     held->ident = ident;
     PyObject *key = PyLong_FromLongLong(ident);
     if (!key)
         return -1;
-    PyObject *lookup = PyDict_GetItemWithError(lookups, key); /* borrowed */
+    PyObject *lookup = PyDict_GetItemWithError(lookups, key); /* borrowed: taken at once */
     Py_DECREF(key);
     if (!lookup)
         return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(lookup);
     PyObject *done = PyObject_GetAttr(lookup, s_done);
-    if (!done)
-        return -1;
-    int is_done = PyObject_IsTrue(done);
-    Py_DECREF(done);
-    if (is_done)
-        return is_done < 0 ? -1 : 0;
-    PyObject *present = PyObject_GetAttr(lookup, s_round_present);
-    if (!present)
-        return -1;
-    PyObject *count = PyObject_GetAttr(lookup, s_waiting);
+    int is_done = done ? PyObject_IsTrue(done) : -1;
+    Py_XDECREF(done);
+    PyObject *present = is_done ? NULL : PyObject_GetAttr(lookup, s_round_present);
+    PyObject *count = present ? PyObject_GetAttr(lookup, s_waiting) : NULL;
     long long waiting = count ? PyLong_AsLongLong(count) : -1;
     Py_XDECREF(count);
-    if (waiting == -1 && PyErr_Occurred()) {
-        Py_DECREF(present);
-        return -1;
+    if (is_done || !present || (waiting == -1 && PyErr_Occurred())) {
+        Py_DECREF(lookup);
+        Py_XDECREF(present);
+        return is_done > 0 ? 0 : -1; /* (done: nothing held for it) */
     }
-    Py_INCREF(lookup);
     held->lookup = lookup;
     held->present = present;
     held->waiting = waiting;
@@ -356,7 +373,7 @@ answer_one(Held *held, PyObject *lookups, PyObject *ready, PyObject *sub, PyObje
     if (code == -1 && PyErr_Occurred())
         return -1;
     long long ident = code >> 32;
-    if (ident != held->ident && hold(held, lookups, ident) < 0)
+    if ((!held->held || ident != held->ident) && hold(held, lookups, ident) < 0)
         return -1;
     if (!held->lookup)
         return 0;
@@ -374,20 +391,21 @@ fan_out(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!OO", &PyDict_Type, &waiting, &PyDict_Type, &lookups,
                           &keys_obj, &values_obj))
         return NULL;
-    PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
+    PyObject *keys = PySequence_Tuple(keys_obj); /* (snapshots: attribute reads and item
+                                                  * assignments may run Python code) */
     if (!keys)
         return NULL;
-    PyObject *values = PySequence_Fast(values_obj, "values must be a sequence");
+    PyObject *values = PySequence_Tuple(values_obj);
     PyObject *ready = NULL;
     PyObject **shared = NULL; /* pass 2: (subscribers list, value index) */
     Py_ssize_t *shared_at = NULL, n_shared = 0;
-    Held held = {-1, NULL, NULL, {0}, 0};
+    Held held = {0, 0, NULL, NULL, {0}, 0};
     held.view.buf = NULL;
     if (!values)
         goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
-    if (PySequence_Fast_GET_SIZE(values) < n)
-        n = PySequence_Fast_GET_SIZE(values); /* zip: the shorter */
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (PyTuple_GET_SIZE(values) < n)
+        n = PyTuple_GET_SIZE(values); /* zip: the shorter */
     ready = PyList_New(0);
     shared = PyMem_Malloc(sizeof(PyObject *) * (n ? n : 1));
     shared_at = PyMem_Malloc(sizeof(Py_ssize_t) * (n ? n : 1));
@@ -396,7 +414,7 @@ fan_out(PyObject *Py_UNUSED(self), PyObject *args)
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
         PyObject *subscribers = PyDict_GetItemWithError(waiting, key); /* borrowed */
         if (!subscribers) {
             if (PyErr_Occurred())
@@ -414,7 +432,7 @@ fan_out(PyObject *Py_UNUSED(self), PyObject *args)
         }
         if (PyLong_Check(subscribers)) {
             int answered = answer_one(&held, lookups, ready, subscribers,
-                                      PySequence_Fast_GET_ITEM(values, i));
+                                      PyTuple_GET_ITEM(values, i));
             Py_DECREF(subscribers);
             if (answered < 0)
                 goto fail;
@@ -424,12 +442,12 @@ fan_out(PyObject *Py_UNUSED(self), PyObject *args)
         shared_at[n_shared++] = i;
     }
     for (Py_ssize_t j = 0; j < n_shared; j++) {
-        PyObject *subs = PySequence_Fast(shared[j], "subscribers must be an int or a list");
+        PyObject *subs = PySequence_Tuple(shared[j]);
         if (!subs)
             goto fail;
-        PyObject *value = PySequence_Fast_GET_ITEM(values, shared_at[j]);
-        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(subs); k++) {
-            if (answer_one(&held, lookups, ready, PySequence_Fast_GET_ITEM(subs, k), value) < 0) {
+        PyObject *value = PyTuple_GET_ITEM(values, shared_at[j]);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(subs); k++) {
+            if (answer_one(&held, lookups, ready, PyTuple_GET_ITEM(subs, k), value) < 0) {
                 Py_DECREF(subs);
                 goto fail;
             }
@@ -446,7 +464,7 @@ fan_out(PyObject *Py_UNUSED(self), PyObject *args)
     Py_DECREF(values);
     return ready;
 fail:
-    if (held.ident != -1) { /* (keep the exception: write back what was counted) */
+    if (held.held) { /* (keep the exception: write back what was counted) */
         PyObject *type, *val, *tb;
         PyErr_Fetch(&type, &val, &tb);
         if (let_go(&held) < 0)

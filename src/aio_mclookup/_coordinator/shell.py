@@ -406,8 +406,8 @@ class LookupCoordinator(CoreDriver):
         done: asyncio.Future[None] = loop.create_future()
         worker.submit(job, done, False)  # (woken once for all the jobs of this loop turn:
         if self._worker_woken:  # waking a waiting thread costs about what a job does)
-            self._worker_woken = False
             loop.call_soon(self._wake_worker)
+            self._worker_woken = False
         self._preparing.add(done)
         try:
             if deadline is None:

@@ -146,10 +146,10 @@ class EraCProbeState(ProbeState):
             if units.size and isinstance(groups[gid], FullAttention)
         ]
         known, maybe = self._known_units, self._maybe_units
-        for gid, units in marked:
-            known[gid][units] = True
-            maybe[gid][units] = False
         try:
+            for gid, units in marked:
+                known[gid][units] = True
+                maybe[gid][units] = False
             scouts = SCOUTS if window >= SCOUT_WINDOW else 0
             after = era_c_partial(plan.geometry, plan.num_tokens, maybe, known, window, scouts)
         except Error:  # (vLLM would raise there: the rounds get to it, if it comes)
@@ -162,7 +162,7 @@ class EraCProbeState(ProbeState):
             return found
         if not marked:  # (the same search, a wider window: its units include found's)
             return after
-        return [np.union1d(now, then) if then.size else now for now, then in zip(found, after)]
+        return [_merged(now, then) for now, then in zip(found, after)]
 
     def record(
         self, key_indices: KeyIndices, present: Sequence[object] | npt.NDArray[Any]
@@ -201,3 +201,18 @@ class EraCProbeState(ProbeState):
             at = plan._units[group][pos]
             self._known_units[group][at] = True
             self._maybe_units[group][at] = got
+
+
+def _merged(first: IntArray, second: IntArray) -> IntArray:
+    """The units of two ascending arrays, ascending and each once (usually one is empty:
+    ``np.union1d``'s cost per call is many times a round's)."""
+    if not second.size:
+        return first
+    if not first.size:
+        return second
+    both = np.concatenate((first, second))
+    both.sort()
+    keep = np.empty(both.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(both[1:], both[:-1], out=keep[1:])
+    return both[keep]
