@@ -111,13 +111,16 @@ def test_entering_joins_what_is_there_and_lists_the_queued_keys_joined() -> None
 
 
 _KEYS = st.sampled_from([b"k%d" % i for i in range(12)])
+_WAITING = st.dictionaries(_KEYS, st.one_of(
+    st.integers(0, 2**40), st.lists(st.integers(0, 2**40), min_size=2, max_size=4)
+))
+"""A key table's ``waiting``: subscribers as one int or a list of them."""
 
 
 @needs_build
 @settings(max_examples=400, deadline=None)
 @given(
-    waiting=st.dictionaries(_KEYS, st.one_of(st.integers(0, 2**40), st.lists(
-        st.integers(0, 2**40), min_size=2, max_size=4))),
+    waiting=_WAITING,
     sending=st.sets(_KEYS),
     keys=st.lists(_KEYS, max_size=20),
     subs=st.lists(st.integers(0, 2**40), max_size=22),
@@ -154,14 +157,10 @@ def test_the_table_runs_the_path_its_environment_asks_for() -> None:
     assert (table_module._C is not None) == (built and not _native.disabled())
 
 
-_SUBS = st.integers(0, 6).map(lambda ident: ident << 32)
-
-
 @needs_build
 @settings(max_examples=400, deadline=None)
 @given(
-    waiting=st.dictionaries(_KEYS, st.one_of(st.integers(0, 2**40), st.lists(
-        st.integers(0, 2**40), min_size=2, max_size=4))),
+    waiting=_WAITING,
     sending=st.sets(_KEYS),
     cached=st.dictionaries(_KEYS, st.floats(1.0, 9.0)),
     answering=st.dictionaries(_KEYS, st.sampled_from([0.0, 2.5])),

@@ -396,7 +396,7 @@ fan_out(PyObject *Py_UNUSED(self), PyObject *args)
     if (!keys)
         return NULL;
     PyObject *values = PySequence_Tuple(values_obj);
-    PyObject *ready = NULL;
+    PyObject *ready = NULL, *result = NULL;
     PyObject **shared = NULL; /* pass 2: (subscribers list, value index) */
     Py_ssize_t *shared_at = NULL, n_shared = 0;
     Held held = {0, 0, NULL, NULL, {0}, 0};
@@ -456,13 +456,8 @@ fan_out(PyObject *Py_UNUSED(self), PyObject *args)
     }
     if (let_go(&held) < 0)
         goto fail;
-    for (Py_ssize_t j = 0; j < n_shared; j++)
-        Py_DECREF(shared[j]);
-    PyMem_Free(shared);
-    PyMem_Free(shared_at);
-    Py_DECREF(keys);
-    Py_DECREF(values);
-    return ready;
+    result = ready; /* (the reference moves there) */
+    ready = NULL;
 fail:
     if (held.held) { /* (keep the exception: write back what was counted) */
         PyObject *type, *val, *tb;
@@ -471,15 +466,14 @@ fail:
             PyErr_Clear();
         PyErr_Restore(type, val, tb);
     }
-    if (shared)
-        for (Py_ssize_t j = 0; j < n_shared; j++)
-            Py_DECREF(shared[j]);
+    for (Py_ssize_t j = 0; j < n_shared; j++)
+        Py_DECREF(shared[j]);
     PyMem_Free(shared);
     PyMem_Free(shared_at);
     Py_DECREF(keys);
     Py_XDECREF(values);
     Py_XDECREF(ready);
-    return NULL;
+    return result;
 }
 
 static PyMethodDef methods[] = {

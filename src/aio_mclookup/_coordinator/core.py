@@ -44,7 +44,7 @@ from .._rows import common_rows
 from .breaker import Breaker
 from .caches import KnownPrefixes, NextChunk, PositiveCache
 from .options import CoordinatorOptions
-from .table import POS_BITS, POS_MASK, KeyTable, Subscribers
+from .table import POS_BITS, POS_MASK, KeyTable, Subscribers, answer
 
 __all__ = ["CoordinatorCore", "LookupState"]
 
@@ -393,15 +393,12 @@ class CoordinatorCore:
 
     def _answer(self, subscribers: Subscribers, present: float) -> None:
         """One key's answer for everyone waiting for it (lookups settled meanwhile are
-        skipped). The fan-out's inner loop: no generator, one dict lookup per subscriber."""
-        lookups = self.lookups
-        for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
-            lookup = lookups.get(sub >> POS_BITS)
-            if lookup is not None and not lookup.done:
-                lookup.round_present[sub & POS_MASK] = present
-                lookup.waiting -= 1
-                if not lookup.waiting:
-                    self._advance(lookup)
+        skipped); the lookups whose round it completes go on."""
+        ready: list[LookupState] = []
+        answer(self.lookups, subscribers, present, ready)
+        for lookup in ready:
+            if not lookup.done:  # (a walker's advance may settle its followers)
+                self._advance(lookup)
 
     def _advance(self, lookup: LookupState) -> None:
         """A round is answered: record it and go on (a failure ends only this lookup)."""

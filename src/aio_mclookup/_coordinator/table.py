@@ -15,8 +15,8 @@ from typing import Any, Protocol, TypeVar
 from .. import _native
 
 __all__ = [
-    "BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers", "Waiter", "enter_keys", "fan_out",
-    "subscribe_keys",
+    "BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers", "Waiter", "answer", "enter_keys",
+    "fan_out", "subscribe_keys",
 ]
 
 Subscribers = int | list[int]
@@ -125,22 +125,26 @@ def fan_out(
         if subscribers is None:
             continue
         if isinstance(subscribers, int):
-            _answer_one(lookups, ready, subscribers, value)
+            answer(lookups, subscribers, value, ready)
         else:
             shared.append((subscribers, value))
     for subs, value in shared:
-        for sub in subs:
-            _answer_one(lookups, ready, sub, value)
+        answer(lookups, subs, value, ready)
     return ready
 
 
-def _answer_one(lookups: Mapping[int, W], ready: list[W], sub: int, value: float) -> None:
-    lookup = lookups.get(sub >> POS_BITS)
-    if lookup is not None and not lookup.done:
-        lookup.round_present[sub & POS_MASK] = value
-        lookup.waiting -= 1
-        if not lookup.waiting:
-            ready.append(lookup)
+def answer(
+    lookups: Mapping[int, W], subscribers: Subscribers, value: float, ready: list[W]
+) -> None:
+    """One key's answer for its ``subscribers``: each one's lookup (skipped when gone or done)
+    gets ``value`` at its position; those whose round it completes are added to ``ready``."""
+    for sub in (subscribers,) if isinstance(subscribers, int) else subscribers:
+        lookup = lookups.get(sub >> POS_BITS)
+        if lookup is not None and not lookup.done:
+            lookup.round_present[sub & POS_MASK] = value
+            lookup.waiting -= 1
+            if not lookup.waiting:
+                ready.append(lookup)
 
 
 class _Round:
