@@ -275,6 +275,35 @@ async def test_token_lookups_cancelled_timed_out_or_closed_while_hashed_settle()
     assert coordinator._admission.reserved_lookups == coordinator._admission.reserved_keys == 0
 
 
+async def test_a_preparation_failing_on_the_worker_fails_only_its_own_lookup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (the worker's call-back prepares and begins the lookups whose jobs ran, several at once)
+    from aio_mclookup._plan import sglang as plan_sglang
+
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=1, model_name="m",
+                          prefetch_threshold=0)
+    rng = random.Random(6)
+    prompts = [[rng.randrange(1, 50_000) for _ in range(2_000 + i)] for i in range(6)]
+    store = FakeStore(layout.plan(2_000, layout.page_hashes(prompts[0])).keys[:3000])
+    prepare = plan_sglang._PendingSGLangPlan.prepare
+
+    def failing(self: Any, job: object | None = None) -> None:
+        if self.num_tokens == 2_003:
+            raise RuntimeError("a bug in preparing")
+        prepare(self, job)
+
+    monkeypatch.setattr(plan_sglang._PendingSGLangPlan, "prepare", failing)
+    async with LookupCoordinator(layout, store) as coordinator:
+        results = await asyncio.gather(
+            *(coordinator.lookup_tokens(p) for p in prompts), return_exceptions=True
+        )
+        assert not coordinator._preparing
+        assert coordinator._admission.reserved_lookups == coordinator._admission.reserved_keys == 0
+    assert isinstance(results[3], RuntimeError)
+    assert results[:3] + results[4:] == [1500, 0, 0, 0, 0]
+
+
 @pytest.mark.parametrize("pages", [100, 2000], ids=["quick-inline", "large-on-the-worker"])
 async def test_a_lone_lookup_past_its_deadline_sends_nothing(pages: int) -> None:
     # (alone, a small plan prepares inline, then does not begin past its deadline; a large

@@ -11,29 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef struct {
-    Py_buffer view;
-    Py_ssize_t rows, width, stride;
-} Rows;
-
-/* Fill `r` from a 2-D unsigned-byte buffer; -1 with an exception set otherwise. */
-static int
-rows_of(PyObject *obj, Rows *r)
-{
-    if (PyObject_GetBuffer(obj, &r->view, PyBUF_RECORDS_RO) < 0)
-        return -1;
-    Py_buffer *v = &r->view;
-    if (v->ndim != 2 || v->itemsize != 1 || (v->format && strcmp(v->format, "B") != 0)
-        || (v->shape[1] > 1 && v->strides[1] != 1) || v->suboffsets) {
-        PyBuffer_Release(v);
-        PyErr_SetString(PyExc_ValueError, "expected a 2-D array of uint8 hash rows");
-        return -1;
-    }
-    r->rows = v->shape[0];
-    r->width = v->shape[1];
-    r->stride = v->strides[0];
-    return 0;
-}
+#include "_hash_rows.h"
 
 static PyObject *
 common_rows(PyObject *self, PyObject *args)

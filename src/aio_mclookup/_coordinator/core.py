@@ -35,7 +35,7 @@ from .._arrays import KeyIndices
 from .._errors import Error, InternalError, StoreError
 from .._layout.groups import FullAttention
 from .._observe.stats import CoordinatorStats
-from .._plan.keys import ITEM_END
+from .._plan.keys import split_items
 from .._plan.plan import LookupPlan
 from .._plan.probing import SCOUTS, ProbeState
 from .._plan.rounds import probe_state
@@ -729,55 +729,13 @@ class Batch(tuple[bytes, ...]):
 
 def _expand(entries: tuple[bytes, ...]) -> tuple[bytes, ...]:
     """An RPC's keys from its key-table entries: items (see :func:`assemble_items`) become
-    their keys (a :class:`Batch`); plain keys stay. An entry is an item when it ends with
-    :data:`ITEM_END` (no plain key does; a plain key may hold it elsewhere)."""
-    uniform = _uniform_items(entries)
-    if uniform is not None:
-        return uniform
-    keys: list[bytes] = []
-    starts = []
-    items = False
-    for entry in entries:  # (a batch of several layouts)
-        starts.append(len(keys))
-        if entry.endswith(ITEM_END):
-            keys += entry.split(ITEM_END)
-            keys.pop()  # (after its last key)
-            items = True
-        else:
-            keys.append(entry)
-    if not items:
+    their keys (a :class:`Batch`); plain keys stay."""
+    keys, starts = split_items(entries)
+    if len(keys) == len(entries):  # (no items: an item has several keys)
         return entries
     batch = Batch(keys)
     batch.items = entries
     batch.starts = np.array(starts, dtype=np.intp)
-    return batch
-
-
-def _uniform_items(entries: tuple[bytes, ...]) -> Batch | None:
-    """:func:`_expand` when every entry is an item of one shape (the usual batch: one layout),
-    by a reshape instead of a search for the item ends; None for any other batch.
-
-    The checks are exact: every entry has the first one's length (so each row is one entry);
-    no key of an item holds :data:`ITEM_END` and no plain key ends with it, so rows that end
-    every key of the first row's width with it, and have none before that width, are items
-    of the first row's keys' width and count."""
-    count = len(entries)
-    length = len(entries[0]) if count else 0
-    if not length or entries[0][-1] != ITEM_END[0] or len(set(map(len, entries))) != 1:
-        return None
-    width = entries[0].index(ITEM_END)
-    keys_per_item, rest = divmod(length, width + 1)
-    if rest or keys_per_item < 2 or not width:
-        return None
-    rows = np.frombuffer(b"".join(entries), dtype=np.uint8).reshape(count, length)
-    if (rows[:, :width] == ITEM_END[0]).any() or not (
-        rows[:, width :: width + 1] == ITEM_END[0]
-    ).all():
-        return None
-    keys = rows.reshape(count * keys_per_item, width + 1)[:, :width].copy()
-    batch = Batch(keys.view(f"S{width}").ravel().tolist())  # (keys never end in a NUL)
-    batch.items = entries
-    batch.starts = np.arange(0, count * keys_per_item, keys_per_item)
     return batch
 
 

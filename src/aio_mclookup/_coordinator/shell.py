@@ -59,6 +59,24 @@ class _Default:
 DEFAULT = _Default()
 
 
+class _Start:
+    """One lookup on its way into the core: its plan, the future its caller awaits (set when
+    the lookup settles, or when it fails before it began), and what it holds meanwhile."""
+
+    __slots__ = ("job", "limit", "lookup", "plan", "reserved", "waiter")
+
+    def __init__(self, plan: LookupPlan, waiter: asyncio.Future[None], limit: float | None):
+        self.plan = plan
+        self.waiter = waiter
+        self.limit = limit
+        self.reserved = False
+        """Admission holds room for its keys (released when it begins, or gives up)."""
+        self.job: object = None
+        """Its plan's native job, while on the worker."""
+        self.lookup: LookupState | None = None
+        """Its state in the core, once begun."""
+
+
 class LookupCoordinator(CoreDriver):
     """Answer many concurrent prefix lookups with shared, deduplicated store RPCs.
 
@@ -123,10 +141,10 @@ class LookupCoordinator(CoreDriver):
         self._worker: Any = None
         """The native thread running plans' preparation (:meth:`LookupPlan.native_job`),
         from the first such plan on; False where it cannot run (then plans prepare inline)."""
-        self._preparing: set[asyncio.Future[None]] = set()
-        """The jobs lookups await from it."""
+        self._preparing: set[_Start] = set()
+        """The lookups whose job is on the worker."""
         self._worker_woken = True
-        """No job queued on the worker since it was last woken (see :meth:`_prepared_by`)."""
+        """No job queued on the worker since it was last woken (see :meth:`_prepare`)."""
 
     @property
     def options(self) -> CoordinatorOptions:
@@ -328,8 +346,7 @@ class LookupCoordinator(CoreDriver):
             return empty
         deadline = None if limit is None else loop.time() + limit
         timer = None
-        waiter: asyncio.Future[None] | None = None
-        lookup: LookupState | None = None
+        start = _Start(plan, loop.create_future(), limit)
         try:
             preparing = plan.needs_preparing
             reserved = True  # (until it begins: the core counts it then)
@@ -339,20 +356,15 @@ class LookupCoordinator(CoreDriver):
                 self._admission.reserve(plan.num_keys)
             else:
                 reserved = False
-            try:
-                if preparing and not self._closed:
-                    await self._prepare(plan, deadline, limit)
-            finally:
-                if reserved:
-                    self._admission.release(plan.num_keys)
-            if self._closed:  # (admitted or prepared, then closed before it ran)
-                raise ClosedError("the coordinator was closed")
-            waiter = loop.create_future()
-            lookup = core.begin(plan, time.monotonic(), waiter)
-            if deadline is not None and not lookup.done:  # a timer, not wait_for: no task
-                timer = loop.call_at(deadline, self._expire, lookup, limit)
-            self._after()
-            await waiter
+            start.reserved = reserved
+            if deadline is not None:  # a timer, not wait_for: no task
+                timer = loop.call_at(deadline, self._expire, start)
+            if preparing and not self._closed and self._prepare(start, deadline):
+                pass  # (the worker's call-back begins it: see _jobs_done)
+            else:
+                self._begin(start)
+                self._after()
+            await start.waiter
         except asyncio.CancelledError:
             stats.lookups_cancelled_total += 1
             raise
@@ -362,64 +374,66 @@ class LookupCoordinator(CoreDriver):
         finally:
             if timer is not None:
                 timer.cancel()
-            if waiter is not None:
-                if not waiter.done():
-                    waiter.cancel()
-                elif not waiter.cancelled():
-                    waiter.exception()  # mark retrieved, whoever stopped waiting
+            waiter = start.waiter
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled():
+                waiter.exception()  # mark retrieved, whoever stopped waiting
+            self._release(start)
+            if start.job is not None:  # (it gave up while on the worker: it prepares no more)
+                self._preparing.discard(start)
+            lookup = start.lookup
             if lookup is not None:
                 core.finish(lookup)  # (may release a walker's followers: they go on now)
                 self._after()
             if self._waiters:
                 self._admit_next()
+        lookup = start.lookup
         assert lookup is not None
         stats.lookup_done(lookup.state.hit or 0, time.perf_counter() - started)
         return lookup
 
-    async def _prepare(self, plan: LookupPlan, deadline: float | None, limit: float | None) -> None:
-        """Prepare the plan (:meth:`LookupPlan.prepare`): its native job runs on the worker
-        thread while the event loop goes on with other lookups, within the lookup's deadline;
-        inline where that thread cannot run, or when no other lookup or RPC is under way and
-        the work is small (:attr:`LookupPlan.quick_to_prepare`). A lookup prepared inline past
-        its deadline does not begin."""
+    def _begin(self, start: _Start) -> None:
+        """The lookup of a prepared plan starts in the core (the caller wakes when it settles);
+        its admission's reservation ends (the core counts its keys from here)."""
+        self._release(start)
+        if self._closed:  # (admitted or prepared, then closed before it ran)
+            start.waiter.set_exception(ClosedError("the coordinator was closed"))
+            return
+        start.lookup = self._core.begin(start.plan, time.monotonic(), start.waiter)
+
+    def _release(self, start: _Start) -> None:
+        if start.reserved:
+            start.reserved = False
+            self._admission.release(start.plan.num_keys)
+
+    def _prepare(self, start: _Start, deadline: float | None) -> bool:
+        """Prepare the plan (:meth:`LookupPlan.prepare`): True when its native job went to the
+        worker thread (whose call-back prepares and begins it, :meth:`_jobs_done`) while the
+        event loop goes on with other lookups; else prepared here, inline: where that thread
+        cannot run, or when no other lookup or RPC is under way and the work is small
+        (:attr:`LookupPlan.quick_to_prepare`). A lookup prepared inline past its deadline
+        fails."""
         loop = self._loop
         assert loop is not None
         core = self._core
+        plan = start.plan
         idle = not (core.lookups or core.rpcs_in_flight or self._preparing)
         if not (idle and plan.quick_to_prepare):  # (else the trip would be latency only)
             job = plan.native_job()
             worker = self._worker if self._worker is not None else self._start_worker()
             if worker and job is not None:
-                await self._prepared_by(worker, plan, job, deadline, limit)
-                return
+                start.job = job
+                worker.submit(job, start, False)  # (woken once for all the jobs of this loop
+                if self._worker_woken:  # turn: waking a waiting thread costs about what a job
+                    loop.call_soon(self._wake_worker)  # does)
+                    self._worker_woken = False
+                self._preparing.add(start)
+                return True
         plan.prepare()
         if deadline is not None and loop.time() >= deadline:
-            raise LookupTimeout(f"lookup did not finish within {limit} s")
-
-    async def _prepared_by(
-        self, worker: Any, plan: LookupPlan, job: object, deadline: float | None,
-        limit: float | None,
-    ) -> None:
-        """Run the plan's native job on the worker, within the deadline, then prepare it."""
-        loop = self._loop
-        assert loop is not None
-        done: asyncio.Future[None] = loop.create_future()
-        worker.submit(job, done, False)  # (woken once for all the jobs of this loop turn:
-        if self._worker_woken:  # waking a waiting thread costs about what a job does)
-            loop.call_soon(self._wake_worker)
-            self._worker_woken = False
-        self._preparing.add(done)
-        try:
-            if deadline is None:
-                await done
-            else:
-                try:
-                    await asyncio.wait_for(done, deadline - loop.time())
-                except asyncio.TimeoutError:
-                    raise LookupTimeout(f"lookup did not finish within {limit} s") from None
-        finally:
-            self._preparing.discard(done)
-        plan.prepare(job)
+            raise LookupTimeout(f"lookup did not finish within {start.limit} s")
+        return False
 
     def _start_worker(self) -> Any:
         """Start the native worker, or note (False) that it cannot run here."""
@@ -444,10 +458,21 @@ class LookupCoordinator(CoreDriver):
             self._worker.wake()
 
     def _jobs_done(self) -> None:
-        """Wake each lookup whose job the worker ran, unless it gave up waiting."""
-        for done in self._worker.collect():
-            if not done.done():
-                done.set_result(None)
+        """Prepare and begin each lookup whose job the worker ran, unless it gave up waiting;
+        then act on what the core left (one :meth:`_after` for them all)."""
+        for start in self._worker.collect():
+            self._preparing.discard(start)
+            if start.waiter.done():  # (cancelled, timed out or closed meanwhile)
+                continue
+            job, start.job = start.job, None
+            try:
+                start.plan.prepare(job)
+            except Exception as exc:  # (as an inline preparation's error would reach it)
+                self._release(start)
+                start.waiter.set_exception(exc)
+                continue
+            self._begin(start)
+        self._after()
 
     def _stop_worker(self) -> None:
         worker, self._worker = self._worker, False
@@ -456,12 +481,18 @@ class LookupCoordinator(CoreDriver):
         try:
             worker.close()
         finally:
-            for done in self._preparing:  # (the lookups still waiting for it)
-                if not done.done():
-                    done.set_exception(ClosedError("the coordinator was closed"))
+            for start in self._preparing:  # (the lookups still waiting for it)
+                if not start.waiter.done():
+                    start.waiter.set_exception(ClosedError("the coordinator was closed"))
+            self._preparing.clear()
 
-    def _expire(self, lookup: LookupState, limit: float | None) -> None:
-        self._core.fail(lookup, LookupTimeout(f"lookup did not finish within {limit} s"))
+    def _expire(self, start: _Start) -> None:
+        error = LookupTimeout(f"lookup did not finish within {start.limit} s")
+        if start.lookup is None:  # (still being admitted or prepared)
+            if not start.waiter.done():
+                start.waiter.set_exception(error)
+            return
+        self._core.fail(start.lookup, error)
         self._deliver()
 
     def _deliver(self) -> None:

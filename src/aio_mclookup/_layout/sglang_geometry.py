@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from .._plan.keys import ITEM_END
+from .._plan.keys import ITEM_END, item_joiners
 from .geometry import Geometry
 from .groups import FullAttention
 from .namespaces import Namespace
@@ -68,6 +68,7 @@ class SGLangGeometry(Geometry):
         "eagle",
         "item_joiners",
         "item_keys",
+        "key_heads",
         "key_prefix",
         "key_suffixes",
         "page_size",
@@ -122,13 +123,10 @@ class SGLangGeometry(Geometry):
         )
         """A page's keys in every slot make one coordinator item (several slots, and no key
         holds :data:`ITEM_END`): how many; else 1."""
-        self.item_joiners: list[bytes] = [
-            key_prefix,
-            *(suffix + ITEM_END + key_prefix for suffix in key_suffixes[:-1]),
-            key_suffixes[-1] + ITEM_END,
-        ] if key_suffixes else []
-        """A page's item is its hash's hex joining these (prefix, hex, each slot's suffix and
-        :data:`ITEM_END`, over every slot): one C call."""
+        self.key_heads = (key_prefix,) * k
+        """What comes before the hash in each slot's key (the prefix, in every slot)."""
+        self.item_joiners = item_joiners(self.key_heads, key_suffixes)
+        """A page's item is its hash's hex joining these (see :func:`item_joiners`)."""
 
     @property
     def keys_per_page(self) -> int:

@@ -1,22 +1,36 @@
 """Key assembly: ``prefix@hex(hash)`` for some or all of a plan's keys, with numpy (many keys of
-one width) or bytes concatenation (a few keys, or mixed widths)."""
+one width) or bytes concatenation (a few keys, or mixed widths).
+
+:func:`hex_keys` and :func:`hex_join` (keys and items of hash rows, one object each) and
+:func:`split_items` (an RPC's keys from its items) have a compiled twin, ``_keys_c``, which runs
+when it was built and then builds every key and item the rounds ask for; their Python code is
+the reference and the fallback (:mod:`.._native`), beside the numpy paths the pure-Python
+rounds use."""
 
 from __future__ import annotations
 
 import binascii
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .. import _native
 from .._arrays import IntArray, KeyIndices
 from .._layout.geometry import Geometry
 from .probe import GroupProbe, hex_rows
 
 __all__ = [
-    "ITEM_END", "assemble", "assemble_items", "assemble_range", "build_key_array", "ints",
-    "one_key",
+    "COMPILED", "ITEM_END", "assemble", "assemble_items", "assemble_range", "build_key_array",
+    "hex_join", "hex_keys", "ints", "item_joiners", "one_key", "split_items",
 ]
+
+_C: Any = _native.load("aio_mclookup._plan._keys_c")
+COMPILED = _C is not None
+"""Whether :func:`hex_keys` and :func:`hex_join` run compiled (then they build every key and
+item of a round: faster than the numpy paths at every size)."""
 
 _FEW_KEYS = 48  # fewer keys than this are built by concatenation: faster than the array path
 _SPLIT_KEYS = 96  # likewise, where one split builds them (one namespace; see _concatenate)
@@ -59,6 +73,8 @@ def assemble(geometry: Geometry, probe: GroupProbe, local: IntArray | None) -> l
     k = len(geometry.prefix_bytes[probe.group_id])
     if local is None:
         return assemble_range(geometry, probe, 0, probe.chunks.size * k)
+    if COMPILED and probe.hash_rows is not None:
+        return _compiled_keys(geometry, probe, local.tolist())
     prefix_rows = geometry.prefix_rows[probe.group_id]
     if prefix_rows is None or probe.hash_rows is None or local.size < _few(geometry, probe):
         return concatenate(geometry, probe, local)
@@ -74,6 +90,8 @@ def assemble(geometry: Geometry, probe: GroupProbe, local: IntArray | None) -> l
 def assemble_range(geometry: Geometry, probe: GroupProbe, lo: int, hi: int) -> list[bytes]:
     """A group's keys ``lo`` to ``hi`` (group-local key indices), from slices of its
     hashes."""
+    if COMPILED and probe.hash_rows is not None:
+        return _compiled_keys(geometry, probe, range(lo, hi))
     prefix_rows = geometry.prefix_rows[probe.group_id]
     if prefix_rows is None or probe.hash_rows is None or hi - lo < _few(geometry, probe):
         return concatenate(geometry, probe, range(lo, hi))
@@ -90,6 +108,20 @@ def assemble_range(geometry: Geometry, probe: GroupProbe, lo: int, hi: int) -> l
     flat = buf.reshape(n * k, width)[lo - first * k : hi - first * k]
     keys: list[bytes] = flat.view(f"S{width}").ravel().tolist()
     return keys
+
+
+def _compiled_keys(
+    geometry: Geometry, probe: GroupProbe, local: range | list[int]
+) -> list[bytes]:
+    """:func:`hex_keys` of a group's keys at group-local key indices (compiled only)."""
+    prefixes = geometry.prefix_bytes[probe.group_id]
+    assert probe.hash_rows is not None
+    return hex_keys(probe.hash_rows, local, prefixes, _no_tails(len(prefixes)))
+
+
+@functools.lru_cache(maxsize=64)
+def _no_tails(k: int) -> tuple[bytes, ...]:
+    return (b"",) * k
 
 
 def _few(geometry: Geometry, probe: GroupProbe) -> int:
@@ -126,6 +158,8 @@ def concatenate(geometry: Geometry, probe: GroupProbe, local: range | IntArray) 
         return [one_key(geometry, probe, int(local[0]))]
     if not len(local):
         return []
+    if COMPILED:
+        return _compiled_keys(geometry, probe, ints(local))
     w = 2 * raw.shape[1]
     if not w:  # empty hashes: the key is its prefix
         return [prefixes[i % k] for i in ints(local)]
@@ -165,6 +199,10 @@ def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArr
     ``hash_rows`` (keys of one width)."""
     prefix_rows = geometry.prefix_rows[probe.group_id]
     assert prefix_rows is not None and probe.hash_rows is not None
+    if COMPILED:
+        prefixes = geometry.prefix_bytes[probe.group_id]
+        joiners = item_joiners(prefixes, _no_tails(len(prefixes)))
+        return hex_join(probe.hash_rows, ints(chunks), joiners)
     if len(chunks) < _FEW_ITEMS:  # (the usual round of a known prompt: its likely miss)
         prefixes = geometry.prefix_bytes[probe.group_id]
         rows = probe.hash_rows
@@ -189,6 +227,65 @@ def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArr
     buf[..., width - 1] = ITEM_END[0]
     items: list[bytes] = buf.reshape(n, k * width).view(f"S{k * width}").ravel().tolist()
     return items
+
+
+def hex_keys(
+    rows: npt.NDArray[np.uint8],
+    index: range | list[int],
+    heads: Sequence[bytes],
+    tails: Sequence[bytes],
+) -> list[bytes]:
+    """For each key index ``j`` of ``index``, with ``k = len(heads)``: ``heads[j % k] +
+    hex(rows[j // k]) + tails[j % k]`` (``rows``: hash rows; ``tails`` as many as ``heads``)."""
+    if _C is not None:
+        return _C.hex_keys(rows, index, heads, tails)  # type: ignore[no-any-return]
+    k = len(heads)
+    if not k or len(tails) != k:
+        raise ValueError("heads and tails must be as many, at least one")
+    if len(index) and not 0 <= min(index) <= max(index) < len(rows) * k:
+        raise IndexError("index out of range")
+    return [heads[j % k] + rows[j // k].tobytes().hex().encode() + tails[j % k] for j in index]
+
+
+def hex_join(
+    rows: npt.NDArray[np.uint8], index: range | list[int], joiners: Sequence[bytes]
+) -> list[bytes]:
+    """For each row index ``i`` of ``index``: ``hex(rows[i]).join(joiners)`` (an item's keys
+    around its hash, see :func:`item_joiners`; at least two joiners)."""
+    if _C is not None:
+        return _C.hex_join(rows, index, joiners)  # type: ignore[no-any-return]
+    if len(joiners) < 2:
+        raise ValueError("joiners must hold at least 2 bytes")
+    if len(index) and not 0 <= min(index) <= max(index) < len(rows):
+        raise IndexError("index out of range")
+    return [rows[i].tobytes().hex().encode().join(joiners) for i in index]
+
+
+def split_items(entries: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
+    """The keys of key-table entries, and where each entry's keys start: an item (an entry
+    ending with :data:`ITEM_END`, see :func:`assemble_items`) gives its keys, any other entry
+    is a key."""
+    if _C is not None:
+        return _C.split_items(entries, ITEM_END)  # type: ignore[no-any-return]
+    keys: list[bytes] = []
+    starts: list[int] = []
+    for entry in entries:
+        starts.append(len(keys))
+        if entry.endswith(ITEM_END):
+            keys += entry.split(ITEM_END)[:-1]
+        else:
+            keys.append(entry)
+    return keys, starts
+
+
+@functools.lru_cache(maxsize=256)
+def item_joiners(heads: tuple[bytes, ...], tails: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """What :func:`hex_join` joins a chunk's hash with to make its item: ``heads[s] + hex +
+    tails[s]`` for every slot ``s``, each followed by :data:`ITEM_END`."""
+    if not heads:
+        return ()
+    between = (tail + ITEM_END + head for tail, head in zip(tails[:-1], heads[1:]))
+    return (heads[0], *between, tails[-1] + ITEM_END)
 
 
 def ints(indices: KeyIndices) -> range | list[int]:

@@ -21,7 +21,7 @@ from .._layout.sglang_geometry import SGLangGeometry
 from .._resolve.result import LookupResult
 from .._resolve.sglang import l3_hit, present_pages, present_pages_of
 from .hashes import RequestHashes
-from .keys import ITEM_END, ints
+from .keys import COMPILED, ITEM_END, hex_join, hex_keys, ints
 from .plan import LookupPlan
 from .probe import GroupProbe
 
@@ -184,6 +184,19 @@ class SGLangPlan(LookupPlan):
         return [keys[i] for i in where.tolist()]
 
     def _page_keys(self, pages: range | IntArray) -> list[bytes]:
+        """Every key of some pages, page by page."""
+        if not len(pages):
+            return []
+        if COMPILED:
+            geo = self._sglang
+            rows = self._groups[0].hash_rows
+            assert rows is not None
+            k = geo.keys_per_page
+            if isinstance(pages, range):
+                index: range | list[int] = range(pages.start * k, pages.stop * k)
+            else:
+                index = (pages[:, None] * k + np.arange(k)).ravel().tolist()
+            return hex_keys(rows, index, geo.key_heads, geo.key_suffixes)
         if len(pages) * self._sglang.keys_per_page >= _FEW_KEYS:
             array = self._key_rows(pages)
             if array is not None:
@@ -206,11 +219,12 @@ class SGLangPlan(LookupPlan):
             pages: range | IntArray = range(indices.start // k, indices.stop // k)
         else:
             pages = indices[::k] // k
-        if len(pages) * k < _FEW_KEYS:  # (the usual round: a page or a few)
+        if not len(pages):
+            return []
+        if COMPILED or len(pages) * k < _FEW_KEYS:  # (the usual round: a page or a few)
             rows = self._groups[0].hash_rows
             assert rows is not None
-            joiners = geo.item_joiners
-            return [rows[page].tobytes().hex().encode().join(joiners) for page in ints(pages)]
+            return hex_join(rows, ints(pages), geo.item_joiners)
         keys = self._page_keys(pages)
         if not keys:
             return []
