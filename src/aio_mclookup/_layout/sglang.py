@@ -9,7 +9,9 @@ is refused: other releases, hybrid pools, decode context parallelism.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from .._checks import integer, positive_int
@@ -209,11 +211,7 @@ class SGLangLayout:
         pages under EAGLE), chained from the namespace seed of ``extra_key`` (the request's
         ``extra_key`` with its LoRA id appended) and ``cache_salt`` on 0.5.20+ (0.5.17
         ignores both). ``token_ids``: a list of ints or a 1-D integer numpy array."""
-        # (imported on first use: the _hashing package brings vLLM's hasher and cbor2, which
-        # `import aio_mclookup` leaves out until they are needed)
-        from .._hashing.sglang import page_hashes
-
-        return page_hashes(
+        return _hashing().page_hashes(  # type: ignore[no-any-return]
             token_ids,
             page_size=self.page_size,
             eagle=self.eagle,
@@ -226,9 +224,7 @@ class SGLangLayout:
         release; 0.5.17 ignores it). No namespace (the usual request) has no seed."""
         if extra_key is None and cache_salt is None:
             return None
-        from .._hashing.sglang import namespace_seed
-
-        seed = namespace_seed(extra_key, cache_salt)
+        seed = _hashing().namespace_seed(extra_key, cache_salt)
         return None if self.sglang_version == "0.5.17" else seed
 
     def plan(self, num_tokens: int, page_hashes: HashInput) -> SGLangPlan:
@@ -247,10 +243,9 @@ class SGLangLayout:
         usual prompt) and the prompt has :data:`_OFF_LOOP_PAGES` probed pages or more, its
         pages are hashed when it is prepared: :meth:`LookupCoordinator.lookup_tokens` does
         that on its worker thread, off the event loop."""
-        from .._hashing.sglang import PendingPages, narrow_token_ids
-
+        hashing = _hashing()
         seed = self._chain_seed(extra_key, cache_salt)
-        narrow = narrow_token_ids(token_ids)
+        narrow = hashing.narrow_token_ids(token_ids)
         if narrow is None:  # (ids of wide pages, or refused: page_hashes hashes or names them)
             hashes = self.page_hashes(token_ids, extra_key, cache_salt)
             return self.plan(len(token_ids), hashes)  # type: ignore[arg-type]
@@ -259,7 +254,7 @@ class SGLangLayout:
         pages = query_pages(n, self.page_size, self.eagle)
         if declined(geometry, pages):
             return build_sglang_plan(geometry, n, ())
-        chain = PendingPages(
+        chain = hashing.PendingPages(
             packed,
             pages=pages,
             page_size=self.page_size,
@@ -315,6 +310,17 @@ class SGLangLayout:
             f"model_name={self.model_name!r}, tp_size={self.tp_size}, pp_size={self.pp_size}, "
             f"mla={self.mla}, keys_per_page={self.keys_per_page})"
         )
+
+
+@functools.cache
+def _hashing() -> ModuleType:
+    """SGLang's page hashing (``_hashing.sglang``), imported on first use: the ``_hashing``
+    package brings vLLM's hasher and cbor2, which ``import aio_mclookup`` leaves out until
+    they are needed. (Once imported, a call here costs far less than an import statement,
+    which goes through importlib's Python code on every run.)"""
+    from .._hashing import sglang
+
+    return sglang
 
 
 def _flag(name: str, value: object) -> bool:
