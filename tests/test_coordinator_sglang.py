@@ -304,6 +304,48 @@ async def test_a_preparation_failing_on_the_worker_fails_only_its_own_lookup(
     assert results[:3] + results[4:] == [1500, 0, 0, 0, 0]
 
 
+@pytest.mark.parametrize("fault", ["begin", "stop-iteration"])
+async def test_a_lookup_failing_to_begin_from_the_worker_leaves_the_others_going(
+    fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the worker's call-back begins several lookups at once: one raising must not leave the
+    # rest of its batch unbegun, their admission held, or their keys unsent)
+    from aio_mclookup._coordinator import core
+    from aio_mclookup._plan import sglang as plan_sglang
+
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=1, model_name="m",
+                          prefetch_threshold=0)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(1, 50_000) for _ in range(2_000 + i)] for i in range(6)]
+    store = FakeStore(layout.plan(2_000, layout.page_hashes(prompts[0])).keys[:3000])
+    if fault == "begin":
+        probe_state = core.probe_state
+
+        def failing(plan: Any, rounds: bool) -> Any:
+            if plan.num_tokens == 2_003:
+                raise RuntimeError("a bug in beginning")
+            return probe_state(plan, rounds)
+
+        monkeypatch.setattr(core, "probe_state", failing)
+    else:
+        prepare = plan_sglang._PendingSGLangPlan.prepare
+
+        def stopping(self: Any, job: object | None = None) -> None:
+            if self.num_tokens == 2_003:
+                raise StopIteration
+            prepare(self, job)
+
+        monkeypatch.setattr(plan_sglang._PendingSGLangPlan, "prepare", stopping)
+    async with LookupCoordinator(layout, store) as coordinator:
+        results = await asyncio.wait_for(asyncio.gather(
+            *(coordinator.lookup_tokens(p) for p in prompts), return_exceptions=True
+        ), 30)
+        assert not coordinator._preparing and not coordinator._core.lookups
+        assert coordinator._admission.reserved_lookups == coordinator._admission.reserved_keys == 0
+    assert isinstance(results[3], RuntimeError)
+    assert results[:3] + results[4:] == [1500, 0, 0, 0, 0]
+
+
 @pytest.mark.parametrize("pages", [100, 2000], ids=["quick-inline", "large-on-the-worker"])
 async def test_a_lone_lookup_past_its_deadline_sends_nothing(pages: int) -> None:
     # (alone, a small plan prepares inline, then does not begin past its deadline; a large

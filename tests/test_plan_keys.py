@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,15 @@ def test_bad_input_fails_the_same_way_on_both_paths(
         keys.hex_keys(rows, [0], (b"a", b"b"), (b"",))
     with pytest.raises(ValueError):
         keys.hex_join(rows, [0], (b"a",))
+    near_the_top = range(sys.maxsize - 1, sys.maxsize)  # (start + length overflows in C)
+    with pytest.raises(IndexError):
+        keys.hex_keys(rows, near_the_top, (b"a",), (b"",))
+    with pytest.raises(IndexError):
+        keys.hex_join(rows, near_the_top, (b"a", b"b"))
+    with pytest.raises(ValueError):
+        item_joiners((b"a", b"b"), (b"",))
+    bools = np.arange(8, dtype=np.uint8).reshape(2, 4)
+    assert keys.hex_join(bools, [True, False], (b"<", b">")) == [b"<04050607>", b"<00010203>"]
 
 
 @needs_c

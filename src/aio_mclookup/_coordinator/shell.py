@@ -459,20 +459,25 @@ class LookupCoordinator(CoreDriver):
 
     def _jobs_done(self) -> None:
         """Prepare and begin each lookup whose job the worker ran, unless it gave up waiting;
-        then act on what the core left (one :meth:`_after` for them all)."""
-        for start in self._worker.collect():
-            self._preparing.discard(start)
-            if start.waiter.done():  # (cancelled, timed out or closed meanwhile)
-                continue
-            job, start.job = start.job, None
-            try:
-                start.plan.prepare(job)
-            except Exception as exc:  # (as an inline preparation's error would reach it)
-                self._release(start)
-                start.waiter.set_exception(exc)
-                continue
-            self._begin(start)
-        self._after()
+        then act on what the core left (one :meth:`_after` for them all). An error preparing
+        or beginning one reaches only its caller, as if it had prepared inline."""
+        try:
+            for start in self._worker.collect():
+                self._preparing.discard(start)
+                if start.waiter.done():  # (cancelled, timed out or closed meanwhile)
+                    continue
+                job, start.job = start.job, None
+                try:
+                    start.plan.prepare(job)
+                    self._begin(start)
+                except Exception as exc:
+                    self._release(start)
+                    if start.lookup is None and not start.waiter.done():
+                        if isinstance(exc, StopIteration):  # (a future refuses it)
+                            exc = RuntimeError(f"preparing a plan raised {exc!r}")
+                        start.waiter.set_exception(exc)
+        finally:
+            self._after()
 
     def _stop_worker(self) -> None:
         worker, self._worker = self._worker, False

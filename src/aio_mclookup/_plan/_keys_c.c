@@ -62,7 +62,7 @@ index_of(PyObject *obj, Py_ssize_t limit, Index *ix)
         Py_ssize_t n = PyObject_Length(obj);
         if (n < 0)
             return -1;
-        if (n && (s < 0 || s + n > limit)) {
+        if (n && (s < 0 || s > limit - n)) {  /* (no s + n: it may overflow) */
             PyErr_SetString(PyExc_IndexError, "index out of range");
             return -1;
         }

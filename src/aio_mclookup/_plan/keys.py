@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import binascii
 import functools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -258,7 +259,7 @@ def hex_join(
         raise ValueError("joiners must hold at least 2 bytes")
     if len(index) and not 0 <= min(index) <= max(index) < len(rows):
         raise IndexError("index out of range")
-    return [rows[i].tobytes().hex().encode().join(joiners) for i in index]
+    return [rows[operator.index(i)].tobytes().hex().encode().join(joiners) for i in index]
 
 
 def split_items(entries: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
@@ -282,6 +283,8 @@ def split_items(entries: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
 def item_joiners(heads: tuple[bytes, ...], tails: tuple[bytes, ...]) -> tuple[bytes, ...]:
     """What :func:`hex_join` joins a chunk's hash with to make its item: ``heads[s] + hex +
     tails[s]`` for every slot ``s``, each followed by :data:`ITEM_END`."""
+    if len(tails) != len(heads):
+        raise ValueError("heads and tails must be as many")
     if not heads:
         return ()
     between = (tail + ITEM_END + head for tail, head in zip(tails[:-1], heads[1:]))
