@@ -322,8 +322,9 @@ split_items(PyObject *self, PyObject *args)
         Py_ssize_t size = PyBytes_GET_SIZE(e);
         const char *data = PyBytes_AS_STRING(e);
         if (size && data[size - 1] == end) {
-            for (Py_ssize_t b = 0; b < size; b++)
-                count += data[b] == end;
+            for (const char *at = data, *stop = data + size;
+                 (at = memchr(at, end, (size_t)(stop - at))) != NULL; at++)
+                count++;
         } else {
             count++;
         }
@@ -345,15 +346,13 @@ split_items(PyObject *self, PyObject *args)
             PyList_SET_ITEM(keys, at++, e);
             continue;
         }
-        Py_ssize_t from = 0;
-        for (Py_ssize_t b = 0; b < size; b++) {
-            if (data[b] != end)
-                continue;
-            PyObject *key = PyBytes_FromStringAndSize(data + from, b - from);
+        const char *from = data, *stop = data + size, *cut;
+        while ((cut = memchr(from, end, (size_t)(stop - from))) != NULL) {
+            PyObject *key = PyBytes_FromStringAndSize(from, cut - from);
             if (!key)
                 goto done;
             PyList_SET_ITEM(keys, at++, key);
-            from = b + 1;
+            from = cut + 1;
         }
     }
     out = PyTuple_Pack(2, keys, starts);
