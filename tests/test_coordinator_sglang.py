@@ -275,41 +275,12 @@ async def test_token_lookups_cancelled_timed_out_or_closed_while_hashed_settle()
     assert coordinator._admission.reserved_lookups == coordinator._admission.reserved_keys == 0
 
 
-async def test_a_preparation_failing_on_the_worker_fails_only_its_own_lookup(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # (the worker's call-back prepares and begins the lookups whose jobs ran, several at once)
-    from aio_mclookup._plan import sglang as plan_sglang
-
-    layout = SGLangLayout(sglang_version="0.5.23", page_size=1, model_name="m",
-                          prefetch_threshold=0)
-    rng = random.Random(6)
-    prompts = [[rng.randrange(1, 50_000) for _ in range(2_000 + i)] for i in range(6)]
-    store = FakeStore(layout.plan(2_000, layout.page_hashes(prompts[0])).keys[:3000])
-    prepare = plan_sglang._PendingSGLangPlan.prepare
-
-    def failing(self: Any, job: object | None = None) -> None:
-        if self.num_tokens == 2_003:
-            raise RuntimeError("a bug in preparing")
-        prepare(self, job)
-
-    monkeypatch.setattr(plan_sglang._PendingSGLangPlan, "prepare", failing)
-    async with LookupCoordinator(layout, store) as coordinator:
-        results = await asyncio.gather(
-            *(coordinator.lookup_tokens(p) for p in prompts), return_exceptions=True
-        )
-        assert not coordinator._preparing
-        assert coordinator._admission.reserved_lookups == coordinator._admission.reserved_keys == 0
-    assert isinstance(results[3], RuntimeError)
-    assert results[:3] + results[4:] == [1500, 0, 0, 0, 0]
-
-
-@pytest.mark.parametrize("fault", ["begin", "stop-iteration"])
-async def test_a_lookup_failing_to_begin_from_the_worker_leaves_the_others_going(
+@pytest.mark.parametrize("fault", ["prepare", "begin", "stop-iteration"])
+async def test_a_lookup_failing_on_the_worker_s_call_back_fails_alone(
     fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # (the worker's call-back begins several lookups at once: one raising must not leave the
-    # rest of its batch unbegun, their admission held, or their keys unsent)
+    # (the worker's call-back prepares and begins several lookups at once: one raising must
+    # not leave the rest of its batch unbegun, their admission held, or their keys unsent)
     from aio_mclookup._coordinator import core
     from aio_mclookup._plan import sglang as plan_sglang
 
@@ -330,12 +301,12 @@ async def test_a_lookup_failing_to_begin_from_the_worker_leaves_the_others_going
     else:
         prepare = plan_sglang._PendingSGLangPlan.prepare
 
-        def stopping(self: Any, job: object | None = None) -> None:
+        def raising(self: Any, job: object | None = None) -> None:
             if self.num_tokens == 2_003:
-                raise StopIteration
+                raise RuntimeError("a bug in preparing") if fault == "prepare" else StopIteration
             prepare(self, job)
 
-        monkeypatch.setattr(plan_sglang._PendingSGLangPlan, "prepare", stopping)
+        monkeypatch.setattr(plan_sglang._PendingSGLangPlan, "prepare", raising)
     async with LookupCoordinator(layout, store) as coordinator:
         results = await asyncio.wait_for(asyncio.gather(
             *(coordinator.lookup_tokens(p) for p in prompts), return_exceptions=True

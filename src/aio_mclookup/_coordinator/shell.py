@@ -349,19 +349,17 @@ class LookupCoordinator(CoreDriver):
         start = _Start(plan, loop.create_future(), limit)
         try:
             preparing = plan.needs_preparing
-            reserved = True  # (until it begins: the core counts it then)
+            # Admission holds room for its keys until it begins (the core counts them then).
             if self._waiters or not self._admission.has_room(plan.num_keys):  # (else no
                 await self._admit(plan.num_keys, deadline, limit)  # coroutine; reserves)
+                start.reserved = True
             elif preparing:  # (its work counts while the plan is prepared)
                 self._admission.reserve(plan.num_keys)
-            else:
-                reserved = False
-            start.reserved = reserved
+                start.reserved = True
             if deadline is not None:  # a timer, not wait_for: no task
                 timer = loop.call_at(deadline, self._expire, start)
-            if preparing and not self._closed and self._prepare(start, deadline):
-                pass  # (the worker's call-back begins it: see _jobs_done)
-            else:
+            on_worker = preparing and not self._closed and self._prepare(start, deadline)
+            if not on_worker:  # (else the worker's call-back begins it: see _jobs_done)
                 self._begin(start)
                 self._after()
             await start.waiter

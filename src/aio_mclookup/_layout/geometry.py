@@ -15,7 +15,23 @@ from .groups import ChunkedLocalAttention, FullAttention, GroupSpec, SpecGroup
 from .namespaces import Namespace, key_prefix
 from .rules import EraCRules
 
-__all__ = ["Geometry"]
+__all__ = ["ITEM_END", "Geometry", "item_joiners"]
+
+ITEM_END = b"\n"
+"""Ends every key of a chunk item (see ``_plan.keys.assemble_items``): a byte no item's key
+contains (layouts whose prefixes hold it make no items, though their plain keys hold it), and
+no key ends with (keys end in hex or ``@``)."""
+
+
+def item_joiners(heads: Sequence[bytes], tails: Sequence[bytes]) -> tuple[bytes, ...]:
+    """What a chunk's hash in hex joins to make its item (``_plan.keys.hex_join``):
+    ``heads[s] + hex + tails[s]`` for every slot ``s``, each followed by :data:`ITEM_END`."""
+    if len(tails) != len(heads):
+        raise ValueError("heads and tails must be as many")
+    if not heads:
+        return ()
+    between = (tail + ITEM_END + head for tail, head in zip(tails[:-1], heads[1:]))
+    return (heads[0], *between, tails[-1] + ITEM_END)
 
 
 class Geometry:
@@ -30,8 +46,10 @@ class Geometry:
         "has_chunked_local",
         "has_full_attention",
         "hash_block_size",
+        "item_joiners",
         "key_prefixes",
         "key_separators",
+        "key_tails",
         "lone_full_attention",
         "multi_pass",
         "namespaces",
@@ -82,6 +100,14 @@ class Geometry:
             if len({len(p) for p in ps}) == 1
             else None
             for ps in self.prefix_bytes
+        )
+        # Per group, what follows the hash in each namespace's key (nothing, for vLLM), and
+        # what a chunk's hex joins to make its item (the keys in every namespace as one entry).
+        self.key_tails: tuple[tuple[bytes, ...], ...] = tuple(
+            (b"",) * len(ps) for ps in self.prefix_bytes
+        )
+        self.item_joiners: tuple[tuple[bytes, ...], ...] = tuple(
+            item_joiners(ps, tails) for ps, tails in zip(self.prefix_bytes, self.key_tails)
         )
         # Per group with one namespace: a byte found in no key prefix, so that a run of keys
         # can be built by C calls (hex with this separator, prefix it, split on it).

@@ -16,8 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from .._plan.keys import ITEM_END, item_joiners
-from .geometry import Geometry
+from .geometry import ITEM_END, Geometry, item_joiners
 from .groups import FullAttention
 from .namespaces import Namespace
 
@@ -66,7 +65,6 @@ class SGLangGeometry(Geometry):
 
     __slots__ = (
         "eagle",
-        "item_joiners",
         "item_keys",
         "key_heads",
         "key_prefix",
@@ -102,7 +100,8 @@ class SGLangGeometry(Geometry):
         self.key_prefix = key_prefix
         self.key_suffixes = key_suffixes
         patterns = tuple(key_prefix + _HASH_MARK + suffix for suffix in key_suffixes)
-        # vLLM's key fields, replaced: no vLLM key assembly applies to these keys.
+        # vLLM's key fields, replaced: no vLLM key assembly applies to these keys (the hash
+        # goes between key_heads and key_tails, below).
         self.key_prefixes = (tuple(p.decode() for p in patterns),)
         self.prefix_bytes = (patterns,)
         self.prefix_rows = (None,)
@@ -125,8 +124,8 @@ class SGLangGeometry(Geometry):
         holds :data:`ITEM_END`): how many; else 1."""
         self.key_heads = (key_prefix,) * k
         """What comes before the hash in each slot's key (the prefix, in every slot)."""
-        self.item_joiners = item_joiners(self.key_heads, key_suffixes)
-        """A page's item is its hash's hex joining these (see :func:`item_joiners`)."""
+        self.key_tails = (key_suffixes,)
+        self.item_joiners = (item_joiners(self.key_heads, key_suffixes),)
 
     @property
     def keys_per_page(self) -> int:

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from .. import _native
 from .._arrays import IntArray, KeyIndices
-from .._layout.geometry import Geometry
+from .._layout.geometry import ITEM_END, Geometry, item_joiners
 from .probe import GroupProbe, hex_rows
 
 __all__ = [
@@ -36,10 +36,6 @@ item of a round: faster than the numpy paths at every size)."""
 _FEW_KEYS = 48  # fewer keys than this are built by concatenation: faster than the array path
 _SPLIT_KEYS = 96  # likewise, where one split builds them (one namespace; see _concatenate)
 _FEW_ITEMS = 4  # fewer items than this are built by concatenation
-ITEM_END = b"\n"
-"""Ends every key of a chunk item (:func:`assemble_items`): a byte no item's key contains
-(layouts whose prefixes hold it make no items, though their plain keys hold it), and no key
-ends with (keys end in hex or ``@``)."""
 
 
 def build_key_array(
@@ -115,14 +111,9 @@ def _compiled_keys(
     geometry: Geometry, probe: GroupProbe, local: range | list[int]
 ) -> list[bytes]:
     """:func:`hex_keys` of a group's keys at group-local key indices (compiled only)."""
-    prefixes = geometry.prefix_bytes[probe.group_id]
+    gid = probe.group_id
     assert probe.hash_rows is not None
-    return hex_keys(probe.hash_rows, local, prefixes, _no_tails(len(prefixes)))
-
-
-@functools.lru_cache(maxsize=64)
-def _no_tails(k: int) -> tuple[bytes, ...]:
-    return (b"",) * k
+    return hex_keys(probe.hash_rows, local, geometry.prefix_bytes[gid], geometry.key_tails[gid])
 
 
 def _few(geometry: Geometry, probe: GroupProbe) -> int:
@@ -201,9 +192,7 @@ def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArr
     prefix_rows = geometry.prefix_rows[probe.group_id]
     assert prefix_rows is not None and probe.hash_rows is not None
     if COMPILED:
-        prefixes = geometry.prefix_bytes[probe.group_id]
-        joiners = item_joiners(prefixes, _no_tails(len(prefixes)))
-        return hex_join(probe.hash_rows, ints(chunks), joiners)
+        return hex_join(probe.hash_rows, ints(chunks), geometry.item_joiners[probe.group_id])
     if len(chunks) < _FEW_ITEMS:  # (the usual round of a known prompt: its likely miss)
         prefixes = geometry.prefix_bytes[probe.group_id]
         rows = probe.hash_rows
@@ -252,7 +241,7 @@ def hex_join(
     rows: npt.NDArray[np.uint8], index: range | list[int], joiners: Sequence[bytes]
 ) -> list[bytes]:
     """For each row index ``i`` of ``index``: ``hex(rows[i]).join(joiners)`` (an item's keys
-    around its hash, see :func:`item_joiners`; at least two joiners)."""
+    around its hash, see ``Geometry.item_joiners``; at least two joiners)."""
     if _C is not None:
         return _C.hex_join(rows, index, joiners)  # type: ignore[no-any-return]
     if len(joiners) < 2:
@@ -277,18 +266,6 @@ def split_items(entries: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
         else:
             keys.append(entry)
     return keys, starts
-
-
-@functools.lru_cache(maxsize=256)
-def item_joiners(heads: tuple[bytes, ...], tails: tuple[bytes, ...]) -> tuple[bytes, ...]:
-    """What :func:`hex_join` joins a chunk's hash with to make its item: ``heads[s] + hex +
-    tails[s]`` for every slot ``s``, each followed by :data:`ITEM_END`."""
-    if len(tails) != len(heads):
-        raise ValueError("heads and tails must be as many")
-    if not heads:
-        return ()
-    between = (tail + ITEM_END + head for tail, head in zip(tails[:-1], heads[1:]))
-    return (heads[0], *between, tails[-1] + ITEM_END)
 
 
 def ints(indices: KeyIndices) -> range | list[int]:

@@ -110,10 +110,7 @@ class EraCProbeState(ProbeState):
                 return EMPTY
             self.rounds += 1
             return np.flatnonzero(~answered) if answered.any() else range(plan.num_keys)
-        scouts = SCOUTS if window is not None and window >= SCOUT_WINDOW else 0
-        found = era_c_partial(
-            plan.geometry, plan.num_tokens, self._maybe_units, self._known_units, window, scouts
-        )
+        found = self._search(window)
         if isinstance(found, LookupResult):
             self._settle(found)
             return EMPTY
@@ -134,6 +131,15 @@ class EraCProbeState(ProbeState):
         # Groups own disjoint key ranges and positions are unique: sorting is enough.
         return wanted[0] if len(wanted) == 1 else np.sort(np.concatenate(wanted))
 
+    def _search(self, window: int | None) -> list[IntArray] | LookupResult:
+        """vLLM's search on what is known: the hit, or the units it rests on that a round of
+        ``window`` (with scouts past a wide one) asks (``era_c_partial``)."""
+        plan = self.plan
+        scouts = SCOUTS if window is not None and window >= SCOUT_WINDOW else 0
+        return era_c_partial(
+            plan.geometry, plan.num_tokens, self._maybe_units, self._known_units, window, scouts
+        )
+
     def _and_next(self, found: list[IntArray], window: int) -> list[IntArray]:
         """A likely miss's round: ``found`` (the search's units at this round's window) and the
         units it would ask next, with ``window``, were the full-attention ones among them all
@@ -150,8 +156,7 @@ class EraCProbeState(ProbeState):
             for gid, units in marked:
                 known[gid][units] = True
                 maybe[gid][units] = False
-            scouts = SCOUTS if window >= SCOUT_WINDOW else 0
-            after = era_c_partial(plan.geometry, plan.num_tokens, maybe, known, window, scouts)
+            after = self._search(window)
         except Error:  # (vLLM would raise there: the rounds get to it, if it comes)
             return found
         finally:

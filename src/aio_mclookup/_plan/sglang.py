@@ -196,7 +196,7 @@ class SGLangPlan(LookupPlan):
                 index: range | list[int] = range(pages.start * k, pages.stop * k)
             else:
                 index = (pages[:, None] * k + np.arange(k)).ravel().tolist()
-            return hex_keys(rows, index, geo.key_heads, geo.key_suffixes)
+            return hex_keys(rows, index, geo.key_heads, geo.key_tails[0])
         if len(pages) * self._sglang.keys_per_page >= _FEW_KEYS:
             array = self._key_rows(pages)
             if array is not None:
@@ -224,7 +224,7 @@ class SGLangPlan(LookupPlan):
         if COMPILED or len(pages) * k < _FEW_KEYS:  # (the usual round: a page or a few)
             rows = self._groups[0].hash_rows
             assert rows is not None
-            return hex_join(rows, ints(pages), geo.item_joiners)
+            return hex_join(rows, ints(pages), geo.item_joiners[0])
         keys = self._page_keys(pages)
         if not keys:
             return []
