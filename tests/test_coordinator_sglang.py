@@ -13,6 +13,7 @@ import asyncio
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 import aio_mclookup as mcl
@@ -198,11 +199,16 @@ def _token_requests(seed: int) -> tuple[list[tuple[SGLangLayout, list[int], str 
     return out, keys
 
 
+@pytest.mark.parametrize("ids", ["list", "array"])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_lookups_of_token_ids_are_lookups_of_their_page_hashes(backend: str) -> None:
+def test_lookups_of_token_ids_are_lookups_of_their_page_hashes(backend: str, ids: str) -> None:
     import anyio
 
     requests, keys = _token_requests(seed=11)
+    if ids == "array":  # (read in place by the worker's job: every integer width)
+        dtypes = [np.int64, np.uint32, np.int32, np.uint64]
+        requests = [(layout, np.array(t, dtype=dtypes[i % 4]), x)  # type: ignore[misc]
+                    for i, (layout, t, x) in enumerate(requests)]
     store = FakeStore(keys)
 
     async def main() -> tuple[list[int], list[int]]:
@@ -237,12 +243,56 @@ async def test_token_ids_on_a_vllm_layout_or_bad_ids_are_refused_alone() -> None
             await coordinator.lookup_tokens([1, 2, 3], layout=VLLM)  # type: ignore[arg-type]
         good = [coordinator.lookup_tokens(t, extra_key=x, layout=layout)
                 for layout, t, x in requests]
-        bad = coordinator.lookup_tokens([5] * 300 + [-1] * 300)
-        results = await asyncio.gather(bad, *good, return_exceptions=True)
+        bad = [
+            coordinator.lookup_tokens([5] * 300 + [-1] * 300),
+            # (read in place on the worker: refused when prepared, failing only its caller)
+            coordinator.lookup_tokens(np.array([5] * 3000 + [-1] * 300, dtype=np.int64)),
+            coordinator.lookup_tokens(np.array([5] * 3000 + [-1] * 300, dtype=np.int32)),
+        ]
+        results = await asyncio.gather(*bad, *good, return_exceptions=True)
         want = [await coordinator.lookup(len(t), layout.page_hashes(t, extra_key=x),
                                          layout=layout) for layout, t, x in requests]
-    assert isinstance(results[0], mcl.InvalidRequest)
-    assert list(results[1:]) == want
+    assert all(isinstance(r, mcl.InvalidRequest) and "negative" in str(r)
+               for r in results[:3]), results[:3]
+    assert list(results[3:]) == want
+
+
+async def test_wide_ids_of_an_array_read_in_place_get_wide_pages() -> None:
+    # (the worker's job finds an id past 32 bits and leaves the pages to the Python path)
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=4, model_name="m",
+                          prefetch_threshold=0)
+    rng = random.Random(9)
+    doc = [rng.randrange(1, 50_000) for _ in range(400)]
+    doc[150] = 2**40
+    plan = layout.plan(len(doc), layout.page_hashes(doc))
+    cuts = (100, 200, 300, 400)
+    async with LookupCoordinator(layout, FakeStore(plan.keys[: 60 * layout.keys_per_page])) as c:
+        got = await asyncio.gather(*(
+            c.lookup_tokens(np.array(doc[:n], dtype=np.int64)) for n in cuts
+        ))
+        want = [await c.lookup(n, layout.page_hashes(doc[:n])) for n in cuts]
+    assert got == want == [96, 196, 240, 240]  # (60 pages stored: the wide one is page 37)
+
+
+async def test_an_array_written_after_its_lookup_was_cancelled_changes_nothing_else() -> None:
+    # (its job may still read the array on the worker: whatever it reads is dropped)
+    layout = SGLangLayout(sglang_version="0.5.23", page_size=1, model_name="m",
+                          prefetch_threshold=0)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(1, 50_000, 20_000, dtype=np.int64) for _ in range(6)]
+    first = prompts[0].copy()
+    stored = layout.plan(20_000, layout.page_hashes(prompts[1])).keys[: 5000 * layout.keys_per_page]
+    async with LookupCoordinator(layout, FakeStore(stored)) as coordinator:
+        tasks = [asyncio.create_task(coordinator.lookup_tokens(p)) for p in prompts]
+        await asyncio.sleep(0)
+        tasks[0].cancel()
+        prompts[0][:] = prompts[1]  # (the caller reuses its buffer at once)
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[0], asyncio.CancelledError)
+        assert done[1:] == [5000, 0, 0, 0, 0]
+        assert await coordinator.lookup_tokens(prompts[0]) == 5000
+        assert await coordinator.lookup_tokens(first) == 0
+        assert not coordinator._preparing
 
 
 async def test_token_lookups_cancelled_timed_out_or_closed_while_hashed_settle() -> None:

@@ -164,3 +164,20 @@ def test_closing_from_two_threads_at_once_returns_in_both() -> None:
             thread.join(10)
         assert not any(thread.is_alive() for thread in threads), "a close hung"
         assert sorted(left[0] + left[1]) == [0, 1, 2, 3]  # (each token handed back once)
+
+
+def test_an_ids_pages_job_holds_its_array_and_hashes_as_pages_does() -> None:
+    rng = np.random.default_rng(9)
+    arrays = [rng.integers(0, 2**31, size=64 * 40 + 7).astype(dtype)
+              for dtype in (np.int64, np.uint64, np.int32, np.uint32) * 3]
+    wants = [b"".join(H.pages(b"", a[: 64 * 40].astype("<u4").tobytes(), 256)) for a in arrays]
+    jobs = [H.ids_pages_job(b"", a, 64, 40) for a in arrays]
+    del arrays  # (each job holds its array's buffer until it is freed)
+    worker = W.NativeWorker()
+    try:
+        for i, job in enumerate(jobs):
+            worker.submit(job, i)
+        assert sorted(_collect_all(worker, len(jobs))) == list(range(len(jobs)))
+    finally:
+        worker.close()
+    assert [H.ids_page_digests(job) for job in jobs] == wants

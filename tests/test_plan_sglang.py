@@ -172,15 +172,25 @@ def _tokens_of(rng: random.Random, kind: str) -> object:
         ids[rng.randrange(n)] = -3
     if kind == "array":
         return np.array(ids, dtype=rng.choice([np.int64, np.uint32, np.int32, np.uint64]))
+    if kind in ("array-wide", "array-negative") and n:  # (one id that does not fit 32 bits)
+        ids[rng.randrange(n)] = 2**40 if kind == "array-wide" else -3
+        return np.array(ids, dtype=np.int64)
+    if kind == "array-int32-negative" and n:
+        ids[rng.randrange(n)] = -3
+        return np.array(ids, dtype=np.int32)
     return tuple(ids) if kind == "tuple" else ids
 
 
-@pytest.mark.parametrize("kind", ["list", "tuple", "array", "wide", "negative"])
+_ARRAY_KINDS = ["array", "array-wide", "array-negative", "array-int32-negative"]
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["copied", "in-place"])
+@pytest.mark.parametrize("kind", ["list", "tuple", "wide", "negative", *_ARRAY_KINDS])
 @pytest.mark.parametrize(
     "layout", TOKEN_LAYOUTS, ids=lambda x: f"{x.sglang_version}-p{x.page_size}"
 )
 def test_a_plan_from_token_ids_is_the_plan_of_its_page_hashes(
-    layout: SGLangLayout, kind: str
+    layout: SGLangLayout, kind: str, in_place: bool
 ) -> None:
     rng = random.Random(f"{layout.page_size}{kind}")
     for _ in range(12):
@@ -191,10 +201,10 @@ def test_a_plan_from_token_ids_is_the_plan_of_its_page_hashes(
             want = layout.plan(len(tokens), layout.page_hashes(tokens, extra, salt))  # type: ignore[arg-type]
         except InvalidRequest as exc:
             with pytest.raises(InvalidRequest, match="token id") as got:
-                layout.plan_tokens(tokens, extra, salt)
+                layout.plan_tokens(tokens, extra, salt, in_place=in_place).prepare()
             assert str(got.value) == str(exc)
             continue
-        plan = layout.plan_tokens(tokens, extra, salt)
+        plan = layout.plan_tokens(tokens, extra, salt, in_place=in_place)
         assert plan.num_keys == want.num_keys and plan.pages == want.pages
         if plan.needs_preparing:  # (many pages: hashed when prepared)
             assert plan.pages >= 16
@@ -259,6 +269,76 @@ def test_a_plan_from_token_ids_hashes_on_a_native_worker_as_here() -> None:
             assert plan.keys == layout.plan(1500, layout.page_hashes(tokens, "x")).keys
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("kind", _ARRAY_KINDS)
+def test_a_plan_of_an_array_in_place_hashes_it_on_a_native_worker_as_here(kind: str) -> None:
+    """The worker's job reads the array itself (every 4- and 8-byte integer dtype); an id
+    that does not fit 32 bits leaves the job without digests, and the plan hashes the pages
+    here instead: wide pages on 0.5.23, the same error as ``page_hashes`` before."""
+    import select
+
+    from aio_mclookup._coordinator import shell
+    from aio_mclookup._hashing import sglang
+
+    if shell._WORKER is None or sglang._C is None:
+        pytest.skip("the C extensions are not built, or not loaded")
+    rng = random.Random(kind)
+    worker = shell._WORKER.NativeWorker()
+    try:
+        for layout in [*TOKEN_LAYOUTS, SGLangLayout(sglang_version="0.5.17", page_size=16)]:
+            for _ in range(6):
+                n = rng.choice([40, 90]) * layout.page_size + 3  # (16 pages or more)
+                ids = [rng.randrange(0, 150_000) for _ in range(n)]
+                dtype = rng.choice([np.int64, np.uint32, np.int32, np.uint64])
+                if kind != "array":  # (one id that does not fit 32 bits)
+                    ids[rng.randrange(len(ids))] = 2**40 if kind == "array-wide" else -3
+                    dtype = np.int32 if kind == "array-int32-negative" else np.int64
+                tokens = np.array(ids, dtype=dtype)
+                if layout.eagle:  # (bigram pages: packed here, as without in_place)
+                    continue
+                plan = layout.plan_tokens(tokens, "x", None, in_place=True)
+                job = plan.native_job()
+                assert isinstance(plan._chain, sglang.PendingArrayPages)  # type: ignore[attr-defined]
+                assert job is not None
+                worker.submit(job, 1)
+                assert select.select([worker.fileno()], [], [], 10)[0]
+                assert worker.collect() == [1]
+                try:
+                    want = layout.plan(len(tokens), layout.page_hashes(tokens, "x")).keys
+                except InvalidRequest as exc:
+                    with pytest.raises(InvalidRequest, match="token id") as got:
+                        plan.prepare(job)
+                    assert str(got.value) == str(exc)
+                    continue
+                plan.prepare(job)
+                assert plan.keys == want
+    finally:
+        worker.close()
+
+
+def test_ids_pages_jobs_read_what_they_can_in_place_and_refuse_the_rest() -> None:
+    from aio_mclookup._hashing import sglang
+
+    C = sglang._C
+    if C is None:
+        pytest.skip("the C extensions are not built, or not loaded")
+    ids = np.arange(64 * 3 + 5, dtype=np.int64)
+    for bad in (ids.astype(np.float64), ids.reshape(-1, 1), ids[::2], ids.astype(np.int16),
+                ids.tobytes(), bytearray(ids.tobytes()), [1, 2, 3], ids.astype(">i8")):
+        assert C.ids_pages_job(b"", bad, 64, 1) is None, bad
+    assert C.ids_pages_job(b"", ids, 64, 4) is None  # (three whole pages only)
+    with pytest.raises(ValueError, match="page_size"):
+        C.ids_pages_job(b"", ids, 0, 1)
+    with pytest.raises(ValueError, match="seed"):
+        C.ids_pages_job(b"abc", ids, 64, 1)
+    job = C.ids_pages_job(b"", ids, 64, 3)
+    with pytest.raises(RuntimeError, match="not run"):
+        C.ids_page_digests(job)
+    with pytest.raises(TypeError, match="not an ids pages job"):
+        C.ids_page_digests(C.pages_job(b"", b"\0" * 8, 4))
+    with pytest.raises(TypeError, match="not a pages job"):
+        C.page_digests(job)
 
 
 def test_a_declined_or_short_prompt_plans_at_once() -> None:

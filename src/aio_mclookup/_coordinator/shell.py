@@ -293,7 +293,12 @@ class LookupCoordinator(CoreDriver):
         layout.page_hashes(token_ids, extra_key, cache_salt))``, with the pages hashed on the
         coordinator's worker thread, off the event loop, where it can
         (:meth:`SGLangLayout.plan_tokens`). For an :class:`SGLangLayout` only (vLLM's block
-        hashes: :class:`BlockHasher`, then :meth:`lookup`)."""
+        hashes: :class:`BlockHasher`, then :meth:`lookup`).
+
+        A numpy array of token ids is read in place on that thread (``plan_tokens``'
+        ``in_place``), not copied: do not write to it until this call returns. (A call that
+        is cancelled or times out returns at once; whatever its job reads after that is
+        dropped.)"""
         layout_ = self._layout_or_default(layout)
         if not isinstance(layout_, SGLangLayout):
             raise InvalidRequest(
@@ -301,7 +306,7 @@ class LookupCoordinator(CoreDriver):
                 "BlockHasher and call lookup",
                 field="layout",
             )
-        plan = layout_.plan_tokens(token_ids, extra_key, cache_salt)
+        plan = layout_.plan_tokens(token_ids, extra_key, cache_salt, in_place=True)
         hit = (await self._lookup(plan, timeout)).hit
         self._stats.count_model(_model_of(layout_), plan.token_len, hit)
         return hit

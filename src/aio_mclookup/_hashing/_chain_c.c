@@ -28,6 +28,15 @@
  *       pages() as a native job (../_native_job.h) for the coordinator's NativeWorker; the
  *       digests concatenated (n * 32 bytes), once the job ran.
  *
+ *   ids_pages_job(seed, ids, page_size, pages) -> job | None;  ids_page_digests(job) -> bytes | None
+ *       the chain of the first `pages` pages of `page_size` ids of a 1-D C-contiguous array
+ *       of 4- or 8-byte integers, the ids narrowed and packed on the worker's thread too: the
+ *       job reads the array's own buffer (held until the job is freed), so its owner must not
+ *       write to it while the job may run (LookupCoordinator.lookup_tokens drops the result
+ *       of a job whose caller stopped waiting). None at make for any other input (the caller
+ *       packs the ids itself); the digests concatenated once the job ran, or None when some
+ *       id of the array is outside 0 .. 2**32 - 1 (the Python path then hashes the pages).
+ *
  *   narrow_ids(token_ids, limit) -> bytes | None
  *       the ids as uint32 little-endian (the twin of sglang.token_ids_q where every id fits):
  *       from a list or tuple of ints, or a 1-D C-contiguous buffer of integers, at most
@@ -308,6 +317,18 @@ parse_seed(PyObject *obj, Py_buffer *view)
     return 0;
 }
 
+/* The seed argument copied into a job's `seed` (WIDTH bytes of room); 0 on success. */
+static int
+copy_seed(PyObject *obj, uint8_t *seed, size_t *len)
+{
+    Py_buffer view;
+    if (parse_seed(obj, &view) < 0) return -1;
+    memcpy(seed, view.buf, (size_t)view.len);
+    *len = (size_t)view.len;
+    PyBuffer_Release(&view);
+    return 0;
+}
+
 /* The digests in `out` as a list of n bytes objects. */
 static PyObject *
 digest_list(const uint8_t *out, Py_ssize_t n)
@@ -416,16 +437,12 @@ pages_job(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "a pages job's bodies must be bytes");
         return NULL;
     }
-    Py_buffer seed;
-    if (parse_seed(seed_obj, &seed) < 0) return NULL;
     PagesJob *p = PyMem_Calloc(1, sizeof(PagesJob));
-    if (p == NULL) {
-        PyBuffer_Release(&seed);
-        return PyErr_NoMemory();
+    if (p == NULL) return PyErr_NoMemory();
+    if (copy_seed(seed_obj, p->seed, &p->seed_len) < 0) {
+        PyMem_Free(p);
+        return NULL;
     }
-    memcpy(p->seed, seed.buf, (size_t)seed.len);
-    p->seed_len = (size_t)seed.len;
-    PyBuffer_Release(&seed);
     if (PyObject_GetBuffer(bodies_obj, &p->bodies, PyBUF_SIMPLE) < 0) {
         PyMem_Free(p);
         return NULL;
@@ -468,6 +485,189 @@ page_digests(PyObject *self, PyObject *capsule)
     }
     Py_INCREF(p->digests);
     return p->digests;
+}
+
+/* The integer format of a buffer: 1 with its signedness, 0 for anything else. */
+static int
+integer_format(const char *f, int *is_signed)
+{
+    f = f ? f : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    if (!*f || f[1])
+        return 0;
+    switch (*f) {
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': *is_signed = 1; return 1;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': *is_signed = 0; return 1;
+    default: return 0;
+    }
+}
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+/* pages_job() of ids still to narrow and pack (ids_pages_job): the worker's thread reads them. */
+typedef struct {
+    NativeJob base;
+    uint8_t seed[WIDTH];
+    size_t seed_len;
+    Py_buffer ids;     /* the caller's array, held until the job is freed */
+    int itemsize, is_signed;
+    Py_ssize_t page_size, n;
+    uint32_t *body;    /* one page's ids as uint32 (page_size of them) */
+    PyObject *digests; /* bytes of n * WIDTH, written by run_ids_pages before anyone reads it */
+    uint8_t *out;
+    int narrow;        /* set by run_ids_pages: every id of the array fits 32 bits */
+} IdsPagesJob;
+
+/* Whether every id of the buffer is in 0 .. 2**32 - 1 (one branch-free pass). */
+static int
+ids_fit(const char *src, Py_ssize_t count, int itemsize, int is_signed)
+{
+    if (itemsize == 8) {
+        uint64_t any = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint64_t id;
+            memcpy(&id, src + 8 * i, 8);
+            any |= id;
+        }
+        return !(any >> 32);  /* (a negative int64 sets the high bits) */
+    }
+    if (!is_signed)
+        return 1;
+    uint32_t any = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t id;
+        memcpy(&id, src + 4 * i, 4);
+        any |= id;
+    }
+    return !(any >> 31);
+}
+
+static void
+run_ids_pages(NativeJob *job)
+{
+    IdsPagesJob *p = (IdsPagesJob *)job;
+    const char *src = p->ids.buf;
+    if (!ids_fit(src, p->ids.shape[0], p->itemsize, p->is_signed)) {
+        p->narrow = 0;
+        return;
+    }
+    const uint8_t *prior = p->seed;
+    size_t prior_len = p->seed_len, width = (size_t)p->page_size * 4;
+    for (Py_ssize_t i = 0; i < p->n; i++) {
+        const char *page = src + (size_t)i * (size_t)p->page_size * (size_t)p->itemsize;
+        for (Py_ssize_t j = 0; j < p->page_size; j++) {
+            if (p->itemsize == 8) {
+                uint64_t id;
+                memcpy(&id, page + 8 * j, 8);
+                p->body[j] = (uint32_t)id;
+            } else {
+                memcpy(&p->body[j], page + 4 * j, 4);
+            }
+        }
+        SHA256_CTX ctx;
+        SHA256_Init(&ctx);
+        if (prior_len) SHA256_Update(&ctx, prior, prior_len);
+        SHA256_Update(&ctx, p->body, width);
+        SHA256_Final(p->out + i * WIDTH, &ctx);
+        prior = p->out + i * WIDTH;
+        prior_len = WIDTH;
+    }
+    p->narrow = 1;
+}
+
+static void
+free_ids_pages(PyObject *capsule)
+{
+    IdsPagesJob *p = PyCapsule_GetPointer(capsule, NATIVE_JOB_CAPSULE);
+    if (p) {
+        PyBuffer_Release(&p->ids);
+        Py_XDECREF(p->digests);
+        PyMem_Free(p->body);
+        PyMem_Free(p);
+    }
+}
+#endif
+
+static PyObject *
+ids_pages_job(PyObject *self, PyObject *args)
+{
+    PyObject *seed_obj, *ids_obj;
+    Py_ssize_t page_size, pages;
+    if (!PyArg_ParseTuple(args, "OOnn:ids_pages_job", &seed_obj, &ids_obj, &page_size, &pages))
+        return NULL;
+    if (page_size < 1 || pages < 0) {
+        PyErr_SetString(PyExc_ValueError, "page_size must be >= 1 and pages >= 0");
+        return NULL;
+    }
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (!PyObject_CheckBuffer(ids_obj) || PyBytes_Check(ids_obj) || PyByteArray_Check(ids_obj))
+        Py_RETURN_NONE;
+    IdsPagesJob *p = PyMem_Calloc(1, sizeof(IdsPagesJob));
+    if (p == NULL) return PyErr_NoMemory();
+    if (copy_seed(seed_obj, p->seed, &p->seed_len) < 0) {
+        PyMem_Free(p);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(ids_obj, &p->ids, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyMem_Free(p);
+        Py_RETURN_NONE;
+    }
+    int is_signed = 0;
+    if (p->ids.ndim != 1 || (p->ids.itemsize != 4 && p->ids.itemsize != 8)
+        || !integer_format(p->ids.format, &is_signed)
+        || pages > p->ids.shape[0] / page_size) {
+        PyBuffer_Release(&p->ids);
+        PyMem_Free(p);
+        Py_RETURN_NONE;
+    }
+    p->itemsize = (int)p->ids.itemsize;
+    p->is_signed = is_signed;
+    p->page_size = page_size;
+    p->n = pages;
+    p->body = PyMem_Malloc((size_t)page_size * 4);
+    p->digests = PyBytes_FromStringAndSize(NULL, pages * WIDTH);
+    PyObject *capsule = NULL;
+    if (p->body == NULL || p->digests == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+    } else {
+        p->out = (uint8_t *)PyBytes_AS_STRING(p->digests);
+        p->base.run = run_ids_pages;
+        capsule = PyCapsule_New(p, NATIVE_JOB_CAPSULE, free_ids_pages);
+    }
+    if (capsule == NULL) {
+        PyBuffer_Release(&p->ids);
+        Py_XDECREF(p->digests);
+        PyMem_Free(p->body);
+        PyMem_Free(p);
+    }
+    return capsule;
+#else
+    Py_RETURN_NONE;  /* (the packing here assumes a little-endian host) */
+#endif
+}
+
+static PyObject *
+ids_page_digests(PyObject *self, PyObject *capsule)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    IdsPagesJob *p = PyCapsule_GetPointer(capsule, NATIVE_JOB_CAPSULE);
+    if (p == NULL) return NULL;
+    if (p->base.run != run_ids_pages) {
+        PyErr_SetString(PyExc_TypeError, "not an ids pages job");
+        return NULL;
+    }
+    if (!native_job_ran(&p->base)) {
+        PyErr_SetString(PyExc_RuntimeError, "the ids pages job has not run yet");
+        return NULL;
+    }
+    if (!p->narrow) Py_RETURN_NONE;
+    Py_INCREF(p->digests);
+    return p->digests;
+#else
+    PyErr_SetString(PyExc_TypeError, "not an ids pages job");
+    return NULL;
+#endif
 }
 
 static PyObject *
@@ -549,17 +749,9 @@ narrow_u32(const void *restrict buf, Py_ssize_t n, uint32_t *restrict dst, int i
 static int
 narrow_buffer(const Py_buffer *v, uint8_t *out)
 {
-    const char *f = v->format ? v->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    if (!*f || f[1])
-        return 0;
     int is_signed;
-    switch (*f) {
-    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': is_signed = 1; break;
-    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': is_signed = 0; break;
-    default: return 0;
-    }
+    if (!integer_format(v->format, &is_signed))
+        return 0;
     Py_ssize_t n = v->shape[0], size = v->itemsize;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (size == 8)
@@ -669,6 +861,12 @@ static PyMethodDef methods[] = {
      "as a native job (bodies: bytes)."},
     {"page_digests", page_digests, METH_O,
      "page_digests(job): a pages job's digests, concatenated (bytes), once it ran."},
+    {"ids_pages_job", ids_pages_job, METH_VARARGS,
+     "ids_pages_job(seed, ids, page_size, pages): the chain of an integer array's first pages "
+     "pages as a native job that also narrows and packs the ids (None: not such an array)."},
+    {"ids_page_digests", ids_page_digests, METH_O,
+     "ids_page_digests(job): an ids pages job's digests, concatenated (bytes), once it ran; "
+     "None when some id does not fit 32 bits."},
     {"page_list", page_list, METH_VARARGS,
      "page_list(seed, bodies): SGLang's page chain over a sequence of page bodies (bytes); a "
      "list of 32-byte digests."},

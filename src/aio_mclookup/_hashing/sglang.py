@@ -14,7 +14,7 @@ from __future__ import annotations
 import array
 import hashlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,14 @@ from .. import _native
 from .._errors import InvalidRequest
 from ._inputs import MAX_TOKENS, token_list
 
-__all__ = ["PendingPages", "namespace_seed", "narrow_token_ids", "page_hashes", "token_ids_q"]
+__all__ = [
+    "PendingArrayPages",
+    "PendingPages",
+    "namespace_seed",
+    "narrow_token_ids",
+    "page_hashes",
+    "token_ids_q",
+]
 
 _C: Any = _native.load("aio_mclookup._hashing._chain_c")
 """The compiled chains (``_chain_c.c``), or ``None``: the Python loop of :func:`_chain`."""
@@ -151,6 +158,49 @@ class PendingPages:
                 self._seed or None,
             ))
         return np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32)
+
+
+class PendingArrayPages:
+    """The hashes of a prompt's first ``pages`` pages (not EAGLE), straight from the caller's
+    integer array ``ids``: the native job (``_chain_c``) narrows, packs and chains them on
+    the coordinator's worker thread, reading the array itself, so the loop never touches the
+    ids. Only for a lookup whose caller waits for it (the array's owner must not write to it
+    meanwhile; a job whose caller stopped waiting has its result dropped). ``hash_here``
+    gives the same hashes on the caller's thread: when no worker ran the job, or when an id
+    of the array does not fit 32 bits (wide or refused: the Python path sorts that out)."""
+
+    __slots__ = ("_hash_here", "_ids", "_page_size", "_seed", "pages")
+
+    def __init__(
+        self,
+        ids: npt.NDArray[Any],
+        *,
+        pages: int,
+        page_size: int,
+        seed: bytes | None,
+        hash_here: Callable[[], npt.NDArray[np.uint8]],
+    ) -> None:
+        self._ids = ids
+        self._page_size = page_size
+        self._seed = seed or b""
+        self._hash_here = hash_here
+        self.pages = pages
+
+    def job(self) -> object | None:
+        """The chain as a native job, or None (no compiled extension, or an array it cannot
+        read in place)."""
+        if _C is None:
+            return None
+        job: object | None = _C.ids_pages_job(self._seed, self._ids, self._page_size, self.pages)
+        return job
+
+    def digests(self, job: object | None = None) -> npt.NDArray[np.uint8]:
+        """The (pages, 32) digests: from ``job`` once the worker ran it, else hashed now."""
+        if job is not None:
+            raw: bytes | None = _C.ids_page_digests(job)
+            if raw is not None:
+                return np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32)
+        return self._hash_here()
 
 
 def _narrow(token_ids: object) -> npt.NDArray[np.int64] | npt.NDArray[np.uint32]:

@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from .._checks import integer, positive_int
 from .._errors import InvalidRequest
 from .._plan.hashes import HashInput
@@ -236,21 +239,46 @@ class SGLangLayout:
         return build_sglang_plan(self._geometry, num_tokens, page_hashes)
 
     def plan_tokens(
-        self, token_ids: object, extra_key: str | None = None, cache_salt: str | None = None
+        self,
+        token_ids: object,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        in_place: bool = False,
     ) -> SGLangPlan:
         """:meth:`plan` of a prompt from its token ids, the same plan as ``plan(len(token_ids),
         page_hashes(token_ids, extra_key, cache_salt))``; where every id fits 32 bits (the
         usual prompt) and the prompt has :data:`_OFF_LOOP_PAGES` probed pages or more, its
         pages are hashed when it is prepared: :meth:`LookupCoordinator.lookup_tokens` does
-        that on its worker thread, off the event loop."""
+        that on its worker thread, off the event loop.
+
+        ``in_place``: a 1-D numpy array of 4- or 8-byte integers is not copied now; its ids are
+        read where they are when the plan is prepared (on that thread), so the array must not
+        be written to until then. ``lookup_tokens`` plans this way: its caller waits."""
         hashing = _hashing()
         seed = self._chain_seed(extra_key, cache_salt)
+        geometry = self._geometry
+        if in_place and not self.eagle and _readable_in_place(token_ids, hashing.MAX_TOKENS):
+            assert isinstance(token_ids, np.ndarray)
+            n = token_ids.shape[0]
+            pages = query_pages(n, self.page_size, False)
+            if pages >= _OFF_LOOP_PAGES and not declined(geometry, pages):  # (else as below:
+                # the ids are read now, and a bad one is refused even when no page is probed)
+
+                def hash_here() -> npt.NDArray[np.uint8]:
+                    digests = self.page_hashes(token_ids, extra_key, cache_salt)[:pages]
+                    return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 32)
+
+                chain = hashing.PendingArrayPages(
+                    token_ids, pages=pages, page_size=self.page_size, seed=seed,
+                    hash_here=hash_here,
+                )
+                return pending_sglang_plan(geometry, n, chain)
         narrow = hashing.narrow_token_ids(token_ids)
         if narrow is None:  # (ids of wide pages, or refused: page_hashes hashes or names them)
             hashes = self.page_hashes(token_ids, extra_key, cache_salt)
             return self.plan(len(token_ids), hashes)  # type: ignore[arg-type]
         packed, n = narrow
-        geometry = self._geometry
         pages = query_pages(n, self.page_size, self.eagle)
         if declined(geometry, pages):
             return build_sglang_plan(geometry, n, ())
@@ -321,6 +349,22 @@ def _hashing() -> ModuleType:
     from .._hashing import sglang
 
     return sglang
+
+
+def _readable_in_place(token_ids: object, limit: int) -> bool:
+    """A numpy array (not a subclass) the worker's job can read in place: 1-D, C-contiguous,
+    of 4- or 8-byte integers in the machine's byte order, at most ``limit`` of them."""
+    if type(token_ids) is not np.ndarray:
+        return False
+    dtype = token_ids.dtype
+    return (
+        token_ids.ndim == 1
+        and dtype.kind in "iu"
+        and dtype.itemsize in (4, 8)
+        and dtype.isnative
+        and token_ids.flags.c_contiguous
+        and token_ids.shape[0] <= limit
+    )
 
 
 def _flag(name: str, value: object) -> bool:
