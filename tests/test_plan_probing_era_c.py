@@ -1,6 +1,7 @@
 """Probing a vLLM 0.32 / 0.33 plan in rounds (``aio_mclookup._plan.probing_era_c``): the
-compiled bookkeeping of a round (``_probing_c``: :meth:`EraCProbeState.record` and the key
-indices :meth:`EraCProbeState.next_keys` hands out) against the Python code, round by round on
+compiled bookkeeping of a round (``_probing_c``: the unit masks a state starts from,
+:meth:`EraCProbeState.record` and the key indices :meth:`EraCProbeState.next_keys` hands out)
+against the Python code, round by round on
 the same random plans and answers: the same keys asked, the same arrays after every round, the
 same result. (The rounds' results are checked against the literal 0.33 oracle
 in ``test_hits_v033.py``, on whichever path the process has.)
@@ -49,7 +50,11 @@ def _rounds(plan: mcl.LookupPlan, answers: list[bool], window: int | None, as_li
         taken.append(keys is not None)
         return keys
 
-    twin = SimpleNamespace(record=record, keys_of=keys_of)
+    def unit_masks(*args: Any) -> bool:
+        taken.append(C_PROBING.unit_masks(*args))
+        return taken[-1]
+
+    twin = SimpleNamespace(record=record, keys_of=keys_of, unit_masks=unit_masks)
     monkeypatch.setattr(probing_era_c, "_C", twin if compiled else None)
     state = probe_state(plan)
     trace: list[Any] = []
@@ -116,6 +121,24 @@ def test_the_compiled_record_hands_back_what_it_does_not_take() -> None:
     frozen = np.zeros(2, dtype=bool)
     frozen.flags.writeable = False
     assert C_PROBING.record(codes, keys, [1.0, 1.0], (frozen,), *args[1:]) is False
+
+
+@needs_build
+def test_unit_masks_set_every_unit_known_but_the_probed_ones() -> None:
+    both = np.empty((2, 2, 5), dtype=bool)
+    known, maybe = tuple(both[0]), tuple(both[1])
+    units = (np.array([1, 3], dtype=np.int64), np.array([], dtype=np.int64))
+    assert C_PROBING.unit_masks(known, maybe, units) is True
+    assert both[0].tolist() == [[True, False, True, False, True], [True] * 5]
+    assert both[1].tolist() == [[False, True, False, True, False], [False] * 5]
+    # A unit past the arrays, a group short, a read-only array: nothing written.
+    both[:] = False
+    assert C_PROBING.unit_masks(known, maybe, (units[0], np.array([5]))) is False
+    assert C_PROBING.unit_masks(known, maybe, units[:1]) is False
+    frozen = np.zeros(5, dtype=bool)
+    frozen.flags.writeable = False
+    assert C_PROBING.unit_masks((known[0], frozen), maybe, units) is False
+    assert not both.any()
 
 
 @needs_build

@@ -16,6 +16,11 @@
  *       positions of the hash units `found` (int64 arrays) among its probed `units`, each as
  *       its k keys, ascending (int64 bytes).
  *
+ *   unit_masks(known, maybe, units) -> bool
+ *       the twin of the start of EraCProbeState.__init__: per group, every hash unit known
+ *       (absent) but the probed ones, which are unknown (maybe present); False when not set
+ *       here (arrays of another shape, a unit that does not fit): nothing was written.
+ *
  *   record: for each group's keys among `indices` (every one of a position's k keys present: the
  *   position is), it sets answered and present_at at the position, known and maybe at its
  *   unit. True when recorded; False when not recorded here (arrays of another shape, answers
@@ -217,6 +222,49 @@ done:
     return PyBool_FromLong(recorded);
 }
 
+static PyObject *
+unit_masks(PyObject *self, PyObject *args)
+{
+    PyObject *known_obj, *maybe_obj, *units_obj;
+    if (!PyArg_ParseTuple(args, "O!O!O!:unit_masks", &PyTuple_Type, &known_obj, &PyTuple_Type,
+                          &maybe_obj, &PyTuple_Type, &units_obj))
+        return NULL;
+    Held h = {.held = 0};
+    int set = 0;
+    Py_ssize_t g = PyTuple_GET_SIZE(units_obj);
+    Py_buffer *known[MAX_GROUPS], *maybe[MAX_GROUPS], *units[MAX_GROUPS];
+    if (g > MAX_GROUPS || PyTuple_GET_SIZE(known_obj) != g || PyTuple_GET_SIZE(maybe_obj) != g)
+        goto done;
+    for (Py_ssize_t i = 0; i < g; i++) { /* every check first: nothing written if one fails */
+        if (!(known[i] = hold(&h, PyTuple_GET_ITEM(known_obj, i), 1, "?", 1))
+            || !(maybe[i] = hold(&h, PyTuple_GET_ITEM(maybe_obj, i), 1, "?", 1))
+            || !(units[i] = hold(&h, PyTuple_GET_ITEM(units_obj, i), 0, "lq", 8))
+            || maybe[i]->len != known[i]->len)
+            goto done;
+        const int64_t *unit = units[i]->buf;
+        for (Py_ssize_t j = 0; j < units[i]->len / 8; j++)
+            if (unit[j] < 0 || unit[j] >= known[i]->len)
+                goto done;
+    }
+    for (Py_ssize_t i = 0; i < g; i++) {
+        uint8_t *kn = known[i]->buf, *may = maybe[i]->buf;
+        const int64_t *unit = units[i]->buf;
+        memset(kn, 1, (size_t)known[i]->len);
+        memset(may, 0, (size_t)maybe[i]->len);
+        for (Py_ssize_t j = 0; j < units[i]->len / 8; j++) {
+            kn[unit[j]] = 0;
+            may[unit[j]] = 1;
+        }
+    }
+    set = 1;
+done:
+    for (int j = 0; j < h.held; j++)
+        PyBuffer_Release(&h.views[j]);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(set);
+}
+
 /* keys_of: the key indices of the units a round probes. */
 static PyObject *
 keys_of(PyObject *self, PyObject *args)
@@ -288,6 +336,9 @@ static PyMethodDef methods[] = {
     {"keys_of", keys_of, METH_VARARGS,
      "keys_of(groups, found, units): the key indices (int64 bytes, ascending) of the hash units "
      "`found` per group, each position's k keys; None where the Python code must map them."},
+    {"unit_masks", unit_masks, METH_VARARGS,
+     "unit_masks(known, maybe, units): per group every hash unit known but the probed ones, "
+     "which are maybe present; False when the Python code must set them."},
     {"record", record, METH_VARARGS,
      "record(groups, indices, present, answered, present_at, units, known, maybe): a 0.32 / "
      "0.33 round's answers recorded; False when the Python method must record them."},

@@ -253,8 +253,12 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
             )
             chunks.flags.writeable = False
             units = chunks * stride + (stride - 1)
+            later = None  # (an immutable array's rows are read when needed: see build_plan)
             if chunks.size == limit:
                 rows, items = hashes.gather(slice(stride - 1, limit * stride, stride))
+            elif hashes.immutable_array:
+                assert hashes.array is not None
+                rows, items, later = None, [], (hashes.array, units)
             else:
                 rows, items = hashes.gather(units)
             probes.append(
@@ -266,6 +270,7 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
                     [it.hex().encode() for it in items] if items else [],
                     rows,
                     None,
+                    later,
                 )
             )
             units_of.append(units)

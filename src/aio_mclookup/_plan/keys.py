@@ -70,7 +70,7 @@ def assemble(geometry: Geometry, probe: GroupProbe, local: IntArray | None) -> l
     k = len(geometry.prefix_bytes[probe.group_id])
     if local is None:
         return assemble_range(geometry, probe, 0, probe.chunks.size * k)
-    if COMPILED and probe.hash_rows is not None:
+    if COMPILED and probe.has_rows:
         return _compiled_keys(geometry, probe, local.tolist())
     prefix_rows = geometry.prefix_rows[probe.group_id]
     if prefix_rows is None or probe.hash_rows is None or local.size < _few(geometry, probe):
@@ -87,7 +87,7 @@ def assemble(geometry: Geometry, probe: GroupProbe, local: IntArray | None) -> l
 def assemble_range(geometry: Geometry, probe: GroupProbe, lo: int, hi: int) -> list[bytes]:
     """A group's keys ``lo`` to ``hi`` (group-local key indices), from slices of its
     hashes."""
-    if COMPILED and probe.hash_rows is not None:
+    if COMPILED and probe.has_rows:
         return _compiled_keys(geometry, probe, range(lo, hi))
     prefix_rows = geometry.prefix_rows[probe.group_id]
     if prefix_rows is None or probe.hash_rows is None or hi - lo < _few(geometry, probe):
@@ -112,8 +112,9 @@ def _compiled_keys(
 ) -> list[bytes]:
     """:func:`hex_keys` of a group's keys at group-local key indices (compiled only)."""
     gid = probe.group_id
-    assert probe.hash_rows is not None
-    return hex_keys(probe.hash_rows, local, geometry.prefix_bytes[gid], geometry.key_tails[gid])
+    heads = geometry.prefix_bytes[gid]
+    rows, index = probe.key_rows_at(local, len(heads))
+    return hex_keys(rows, index, heads, geometry.key_tails[gid])
 
 
 def _few(geometry: Geometry, probe: GroupProbe) -> int:
@@ -165,12 +166,13 @@ def concatenate(geometry: Geometry, probe: GroupProbe, local: range | IntArray) 
     sep = geometry.key_separators[probe.group_id]
     if sep is not None and encoded is None:  # (one namespace)
         prefix = prefixes[0]
-        hexed = binascii.hexlify(raw[rows].data, sep, raw.shape[1])  # (C-contiguous rows)
+        hexed = binascii.hexlify(np.ascontiguousarray(raw[rows]).data, sep, raw.shape[1])
         return (prefix + hexed.replace(sep, sep + prefix)).split(sep)
     if encoded is not None:
         text = encoded[rows].tobytes()
     else:
-        text = binascii.hexlify(raw[rows].data)  # (C-contiguous rows, as above)
+        text = binascii.hexlify(np.ascontiguousarray(raw[rows]).data)  # (a strided slice of
+        # an immutable array is read where it is: rows a step apart)
     if k == 1:  # one key per row of text
         prefix = prefixes[0]
         return [prefix + text[j : j + w] for j in range(0, len(text), w)]
@@ -190,15 +192,17 @@ def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArr
     such a chunk as one entry instead of one per namespace. Needs ``prefix_rows`` and
     ``hash_rows`` (keys of one width)."""
     prefix_rows = geometry.prefix_rows[probe.group_id]
-    assert prefix_rows is not None and probe.hash_rows is not None
+    assert prefix_rows is not None and probe.has_rows
     if COMPILED:
-        return hex_join(probe.hash_rows, ints(chunks), geometry.item_joiners[probe.group_id])
+        rows, index = probe.rows_at(ints(chunks))
+        return hex_join(rows, index, geometry.item_joiners[probe.group_id])
+    raw = probe.hash_rows
+    assert raw is not None
     if len(chunks) < _FEW_ITEMS:  # (the usual round of a known prompt: its likely miss)
         prefixes = geometry.prefix_bytes[probe.group_id]
-        rows = probe.hash_rows
         few = []
         for chunk in ints(chunks):
-            tail = rows[chunk].tobytes().hex().encode() + ITEM_END
+            tail = raw[chunk].tobytes().hex().encode() + ITEM_END
             few.append(b"".join([prefix + tail for prefix in prefixes]))
         return few
     k, plen = prefix_rows.shape
@@ -207,7 +211,7 @@ def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArr
         if encoded is not None:
             hexed = encoded[chunks.start : chunks.stop]
         else:
-            hexed = hex_rows(probe.hash_rows[chunks.start : chunks.stop])
+            hexed = hex_rows(raw[chunks.start : chunks.stop])
     else:
         hexed = probe.hex_at(chunks)
     n, hlen = hexed.shape

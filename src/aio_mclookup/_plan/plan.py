@@ -293,6 +293,8 @@ class LookupPlan:
 
 _NOT_READ: tuple[npt.NDArray[np.uint8] | None, list[bytes]] = (None, [])
 """Placeholder in build_plan for a group whose rows come from another group's."""
+_LATER: tuple[npt.NDArray[np.uint8] | None, list[bytes]] = (None, [])
+"""Placeholder in build_plan for a group whose rows are read when needed (its gather)."""
 
 
 def build_plan(layout: Geometry, token_len: object, block_hashes: object) -> LookupPlan:
@@ -334,29 +336,46 @@ def build_plan(layout: Geometry, token_len: object, block_hashes: object) -> Loo
     limits = tuple(bounds)
     targets = probe_targets(layout, tokens, limits)
     # Groups read on their own first; then those whose hashes are all among a source's rows.
+    # The hashes an immutable array holds at an index array are read later, when needed
+    # (GroupProbe's gather): a round builds a few keys of groups of thousands of chunks.
+    source = hashes.array if hashes.immutable_array else None
     gathered = []
     subsets = False
     for target in targets:
-        if target.source is None:
-            gathered.append(hashes.gather(target.units, target.period))
-        else:
+        if target.source is not None:
             gathered.append(_NOT_READ)
             subsets = True
+        elif source is not None and not isinstance(target.units, slice):
+            gathered.append(_LATER)
+        else:
+            gathered.append(hashes.gather(target.units, target.period))
     if subsets:
         for gid, target in enumerate(targets):
             if target.source is not None:
-                source_rows = gathered[target.source][0]
-                if source_rows is not None:  # (a source of mixed widths: read on its own)
+                rows_of_source = gathered[target.source]
+                if rows_of_source is _LATER:
+                    gathered[gid] = (
+                        _LATER if not isinstance(target.units, slice)
+                        else hashes.gather(target.units, target.period)
+                    )
+                elif rows_of_source[0] is not None:  # (mixed widths: read on its own)
                     assert target.positions is not None
-                    gathered[gid] = source_rows.take(target.positions, axis=0), []
+                    gathered[gid] = rows_of_source[0].take(target.positions, axis=0), []
                 else:
                     gathered[gid] = hashes.gather(target.units, target.period)
     for gid, (spec, limit, target) in enumerate(zip(layout.groups, limits, targets)):
         stride = spec.block_size // h
         chunks = target.chunks
+        later = None
         rows, items = gathered[gid]
+        if gathered[gid] is _LATER:
+            units = target.units
+            assert source is not None and not isinstance(units, slice)
+            later = (source, units)
         unprobed_ids = None
         if reads_unprobed and 0 < chunks.size < limit and hashes.has_duplicates():
+            if later is not None:  # (read now after all)
+                rows, later = later[0].take(later[1], axis=0), None
             unprobed_ids = _unprobed_ids(hashes, stride, limit, chunks, rows, items)
         probes.append(
             GroupProbe(
@@ -367,12 +386,13 @@ def build_plan(layout: Geometry, token_len: object, block_hashes: object) -> Loo
                 hex_items=[it.hex().encode() for it in items] if items else [],
                 hash_rows=rows,
                 unprobed_ids=unprobed_ids,
+                gather=later,
             )
         )
         offset += chunks.size * len(layout.namespaces)
     if subsets:  # rows taken from a source's: its verdict on repeated hashes holds for them
         for gid, target in enumerate(targets):
-            if target.source is not None and gathered[target.source][0] is not None:
+            if target.source is not None and probes[target.source].has_rows:
                 probes[gid].subset_of = probes[target.source]
     if offset and layout.has_chunked_local:
         _check_supported(layout)

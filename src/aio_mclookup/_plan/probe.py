@@ -4,7 +4,6 @@ repeated-hash helpers it is built on."""
 from __future__ import annotations
 
 import binascii
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -15,32 +14,108 @@ from .._rows import rows_repeat
 __all__ = ["GroupProbe", "duplicate_ids", "hex_rows"]
 
 
-@dataclass(eq=False, slots=True)
 class GroupProbe:
     """What a plan probes in one KV-cache group.
 
     ``chunks`` are the probed chunk indices (ascending); key ``key_offset + j * k + n`` (``k``
     namespaces) is chunk ``chunks[j]`` in namespace ``n``. ``limit`` is how many chunks exist
-    for this request. ``hash_rows`` holds the probed chunks' raw hashes, C-contiguous (None
+    for this request. ``hash_rows`` holds the probed chunks' raw hashes, rows of bytes (None
     when of mixed widths: ``hex_items`` then holds them in hex); :attr:`hex_rows` encodes on first
     use, so a caller that needs only some keys (probing in rounds) encodes only those. Chunks
     not probed count as absent unless ``unprobed_ids`` maps them to a probed chunk with the
     same hash; :attr:`hash_ids` links probed chunks that share a hash (vLLM records presence
     per hash), computed on first use.
+
+    ``gather`` (instead of ``hash_rows``): an immutable (n, width) array of the request's
+    hashes and the index of each probed chunk's hash in it. The rows are then copied out only
+    when :attr:`hash_rows` is first read; :meth:`rows_at` reads them where they are (a round
+    builds a few keys of a group of thousands of chunks).
     """
 
-    group_id: int
-    chunks: IntArray
-    limit: int
-    key_offset: int
-    hex_items: list[bytes]
-    hash_rows: npt.NDArray[np.uint8] | None
-    unprobed_ids: IntArray | None
-    subset_of: GroupProbe | None = field(default=None, init=False)
-    """A group whose probed hashes include all of this one's (rows taken from its rows)."""
-    _hex_rows: npt.NDArray[np.uint8] | None = field(default=None, init=False)
-    _hash_ids: IntArray | None = field(default=None, init=False)
-    _hash_ids_known: bool = field(default=False, init=False)
+    __slots__ = (
+        "_gather", "_hash_ids", "_hash_ids_known", "_hex_rows", "_rows", "chunks", "group_id",
+        "hex_items", "key_offset", "limit", "subset_of", "unprobed_ids",
+    )
+
+    def __init__(
+        self,
+        group_id: int,
+        chunks: IntArray,
+        limit: int,
+        key_offset: int,
+        hex_items: list[bytes],
+        hash_rows: npt.NDArray[np.uint8] | None,
+        unprobed_ids: IntArray | None,
+        gather: tuple[npt.NDArray[np.uint8], IntArray] | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.chunks = chunks
+        self.limit = limit
+        self.key_offset = key_offset
+        self.hex_items = hex_items
+        self._rows = hash_rows
+        self._gather = gather
+        self.unprobed_ids = unprobed_ids
+        self.subset_of: GroupProbe | None = None
+        """A group whose probed hashes include all of this one's (rows taken from its rows)."""
+        self._hex_rows: npt.NDArray[np.uint8] | None = None
+        self._hash_ids: IntArray | None = None
+        self._hash_ids_known = False
+
+    def __repr__(self) -> str:
+        return (
+            f"GroupProbe(group_id={self.group_id}, chunks={self.chunks.size}, "
+            f"limit={self.limit}, key_offset={self.key_offset})"
+        )
+
+    @property
+    def hash_rows(self) -> npt.NDArray[np.uint8] | None:
+        """The probed chunks' raw hashes, (n, width), or None (mixed widths)."""
+        gather = self._gather
+        if gather is not None:
+            source, units = gather
+            self._rows = source.take(units, axis=0)
+            self._gather = None
+        return self._rows
+
+    @property
+    def has_rows(self) -> bool:
+        """The hashes share one width (:attr:`hash_rows` is not None), gathered or not."""
+        return self._gather is not None or self._rows is not None
+
+    def rows_at(
+        self, positions: range | list[int]
+    ) -> tuple[npt.NDArray[np.uint8], range | list[int]]:
+        """Rows holding the hashes of some probe positions, and where in them: the probe's
+        own rows and the positions, or (not gathered) the request's hashes and the positions'
+        indices there. Needs :attr:`has_rows`."""
+        gather = self._gather
+        if gather is None:
+            assert self._rows is not None
+            return self._rows, positions
+        source, units = gather
+        picked = units[positions.start : positions.stop] if isinstance(positions, range) else (
+            units[positions]
+        )
+        return source, picked.tolist()
+
+    def key_rows_at(
+        self, local: range | list[int], k: int
+    ) -> tuple[npt.NDArray[np.uint8], range | list[int]]:
+        """As :meth:`rows_at`, for group-local key indices of ``k`` namespaces (key ``i`` is
+        row ``i // k``, namespace ``i % k``, in both the rows and the indices returned)."""
+        gather = self._gather
+        if gather is None:
+            assert self._rows is not None
+            return self._rows, local
+        source, units = gather
+        keys = (
+            np.arange(local.start, local.stop, dtype=np.int64)
+            if isinstance(local, range) else np.asarray(local, dtype=np.int64)
+        )
+        if k == 1:
+            return source, units[keys].tolist()
+        return source, (units[keys // k] * k + keys % k).tolist()
 
     @property
     def hex_rows(self) -> npt.NDArray[np.uint8] | None:

@@ -22,8 +22,9 @@ from .probing import SCOUT_WINDOW, SCOUTS, ProbeState, group_answers, position_k
 __all__ = ["EraCProbeState"]
 
 _C: Any = _native.load("aio_mclookup._plan._probing_c")
-"""The compiled bookkeeping of a round (``_probing_c.c``: :meth:`EraCProbeState.record` and
-the key indices :meth:`EraCProbeState.next_keys` hands out), or ``None``."""
+"""The compiled bookkeeping of a round (``_probing_c.c``: the unit masks a state starts from,
+:meth:`EraCProbeState.record` and the key indices :meth:`EraCProbeState.next_keys` hands
+out), or ``None``."""
 
 
 class EraCProbeState(ProbeState):
@@ -63,12 +64,16 @@ class EraCProbeState(ProbeState):
         # whose hashes repeat are not probed in rounds).
         self._known_units: tuple[BoolArray, ...] = ()
         self._maybe_units: tuple[BoolArray, ...] = ()
-        if not self._all_at_once:  # (one array of rows for every group: fewer numpy calls)
-            known = np.ones((len(plan._units), plan._hash_count), dtype=bool)
-            for row, units in zip(known, plan._units):
-                row[units] = False
-            self._known_units = tuple(known)
-            self._maybe_units = tuple(~known)
+        if not self._all_at_once:  # (one array for every group of both: one allocation)
+            both = np.empty((2, len(plan._units), plan._hash_count), dtype=bool)
+            known, maybe = tuple(both[0]), tuple(both[1])
+            if _C is None or not _C.unit_masks(known, maybe, plan._units):
+                both[0] = True
+                for row, units in zip(both[0], plan._units):
+                    row[units] = False
+                np.logical_not(both[0], out=both[1])
+            self._known_units = known
+            self._maybe_units = maybe
 
     def _codes(self) -> bytes:
         """Per group its key offset, namespaces and positions, as ``_probing_c`` reads them."""
