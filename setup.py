@@ -40,6 +40,13 @@ setup(
             optional=True,
         ),
         Extension(
+            "aio_mclookup._coordinator._prefixes_c",
+            ["src/aio_mclookup/_coordinator/_prefixes_c.c"],
+            depends=["src/aio_mclookup/_hash_rows.h"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
             "aio_mclookup._plan._keys_c",
             ["src/aio_mclookup/_plan/_keys_c.c"],
             depends=["src/aio_mclookup/_hash_rows.h"],

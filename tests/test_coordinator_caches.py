@@ -5,9 +5,14 @@ and bound."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from aio_mclookup._coordinator import caches
 from aio_mclookup._coordinator.caches import (
     RUN_OVERHEAD_ROWS,
     KnownPrefixes,
@@ -215,3 +220,60 @@ def test_known_prefixes_count_how_often_a_run_grew_past_its_end() -> None:
     assert known.after(key, _rows(1, 2, 7), 2) == LIKELY_PRESENT  # a branch point
     known.add(SIG, _rows(1, 2), until=10.0, max_rows=1000, miss=(7).to_bytes(4, "little"))
     assert known.after(key, _rows(1, 2, 7), 2) == LIKELY_PRESENT  # a prefix: no change
+
+
+# ----------------------------------------------------------- the compiled reads, the same
+@pytest.mark.skipif(caches._C is None, reason="the C extension is not built, or not loaded")
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_the_compiled_reads_answer_as_the_python_ones(data: st.DataObject) -> None:
+    """Random runs added, read and aged on one tree: leading and after from the compiled walk
+    (falling back where rows are out of date) and from the Python one, step by step, leave
+    the same answers and the same trees (the Python walk drops what is out of date)."""
+    compiled, pure = KnownPrefixes(), KnownPrefixes()
+    short = st.lists(st.integers(0, 3), min_size=1, max_size=7)
+    for _ in range(data.draw(st.integers(1, 25))):
+        rows = _rows(*data.draw(short))
+        key = KnownPrefixes.key_of(SIG, rows)
+        step = data.draw(st.sampled_from(["add", "leading", "after"]))
+        if step == "add":
+            until = float(data.draw(st.integers(1, 9)))
+            miss = data.draw(st.sampled_from([None, (1).to_bytes(4, "little")]))
+            for known in (compiled, pure):
+                known.add(SIG, rows, until, max_rows=60, miss=miss)
+        elif step == "leading":
+            now = float(data.draw(st.integers(0, 9)))
+            got = compiled.leading(SIG, rows, now, key)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(caches, "_C", None)
+                want = pure.leading(SIG, rows, now, key)
+            assert got == want
+        else:
+            count = data.draw(st.integers(0, rows.shape[0]))
+            got_after = compiled.after(key, rows, count)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(caches, "_C", None)
+                assert got_after == pure.after(key, rows, count)
+        assert _trees(compiled) == _trees(pure)
+
+
+def _trees(known: KnownPrefixes) -> Any:
+    def node(n: Any) -> Any:
+        children = sorted((k, node(c)) for k, c in (n.children or {}).items())
+        return (n.rows.tolist(), n.until.tolist(), children, n.miss, n.grown)
+
+    return len(known), [(key, node(tree[0]), tree[1]) for key, tree in known._runs.items()]
+
+
+@pytest.mark.skipif(caches._C is None, reason="the C extension is not built, or not loaded")
+def test_the_compiled_reads_leave_to_python_what_they_do_not_read() -> None:
+    known = KnownPrefixes()
+    rows = _rows(1, 2, 3)
+    key = KnownPrefixes.key_of(SIG, rows)
+    known.add(SIG, rows, until=5.0, max_rows=1000, key=key)
+    assert caches._C.leading(known._runs, key, rows, 1.0) == (3, 5.0)
+    assert caches._C.leading(known._runs, key, rows, 5.0) is None  # (out of date)
+    assert caches._C.leading(known._runs, key, rows[:, :2].copy(), 1.0) is None  # (widths)
+    assert caches._C.after(known._runs, key, _rows(1, 9), 1) == 2
+    with pytest.raises(ValueError):
+        caches._C.leading(known._runs, key, np.zeros(3), 1.0)

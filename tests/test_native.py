@@ -29,11 +29,12 @@ PROBING = "aio_mclookup._plan._probing_c"
 KEYS = "aio_mclookup._plan._keys_c"
 REPEATS = "aio_mclookup._plan._repeats_c"
 TABLE = "aio_mclookup._coordinator._table_c"
+PREFIXES = "aio_mclookup._coordinator._prefixes_c"
 WORKER = "aio_mclookup._coordinator._worker_c"
 BUILT = importlib.util.find_spec(CHAIN) is not None
 EXTENSIONS = {
     name: importlib.util.find_spec(name) is not None
-    for name in (CHAIN, ROWS, SEARCH, PROBING, KEYS, REPEATS, TABLE, WORKER)
+    for name in (CHAIN, ROWS, SEARCH, PROBING, KEYS, REPEATS, TABLE, PREFIXES, WORKER)
 }
 """Every extension setup.py builds, and whether it was built here."""
 needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")

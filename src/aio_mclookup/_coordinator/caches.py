@@ -25,9 +25,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import _native
 from .._rows import common_rows
 
 __all__ = ["KnownPrefixes", "NextChunk", "PositiveCache"]
+
+_C: Any = _native.load("aio_mclookup._coordinator._prefixes_c")
+"""The compiled reads of the known prefixes (``_prefixes_c.c``: :meth:`KnownPrefixes.leading`
+and :meth:`KnownPrefixes.after` where no row is out of date), or ``None``."""
 
 _NEVER = math.inf
 RUN_OVERHEAD_ROWS = 8
@@ -48,6 +53,8 @@ _LEAVES = NextChunk.LEAVES_RUN
 """The members as globals, for :meth:`KnownPrefixes.after`: on Python 3.11 reading one off
 the enum class goes through ``EnumType.__getattr__``'s slow path, several times a global's
 cost."""
+_VERDICTS = (_PRESENT, _ABSENT, _LEAVES)
+"""The members by the compiled ``after``'s answer."""
 
 
 class PositiveCache:
@@ -181,6 +188,10 @@ class KnownPrefixes:
             return 0, _NEVER
         if key is None:
             key = (signature, rows[0].tobytes())
+        if _C is not None:
+            found: tuple[int, float] | None = _C.leading(self._runs, key, rows, now)
+            if found is not None:  # (else rows out of date: dropped below as they are met)
+                return found
         tree = self._runs.get(key)
         if tree is None:
             return 0, _NEVER
@@ -293,6 +304,10 @@ class KnownPrefixes:
           (other requests found their own continuations present there: turns of sessions
           sharing a prompt), or the run has grown past its end before (requests sharing a
           document up to different cuts)."""
+        if _C is not None and count >= 0:
+            verdict: int | None = _C.after(self._runs, key, rows, count)
+            if verdict is not None:
+                return _VERDICTS[verdict]
         tree = None if key is None else self._runs.get(key)
         if tree is None or count >= rows.shape[0]:
             return _ABSENT
