@@ -202,6 +202,30 @@ async def test_hits_equal_plan_resolve_for_concurrent_callers() -> None:
     assert any(hits) and not all(hits)
 
 
+async def test_hashes_in_an_immutable_array_of_any_layout_answer_as_a_list_does() -> None:
+    # (read where they are, rows a step apart or a hash's bytes apart: the same keys, the
+    # same hits, the known prefixes too)
+    docs = [chain(64, bytes([d])) for d in range(3)]
+    store = FakeStore()
+    for d in docs[:2]:
+        store.add(FULL16.plan(1024, d).keys)
+
+    def layouts(hashes: list[bytes]) -> list[Any]:
+        raw = b"".join(hashes)
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(len(hashes), 32)
+        columns = np.frombuffer(bytes(rows.T.tobytes()), dtype=np.uint8).reshape(32, -1).T
+        strided = np.frombuffer(b"".join(h + bytes(32) for h in hashes), dtype=np.uint8)
+        return [hashes, rows, columns, strided.reshape(-1, 64)[:, :32]]
+
+    async with LookupCoordinator(FULL16, store) as coord:
+        for doc in docs:
+            for cut in (0, 10, 64):
+                hashes = doc[:cut] + chain(64 - cut, b"own")
+                want = expected(FULL16, store, 1024, hashes)
+                for given_hashes in layouts(hashes):
+                    assert await coord.lookup(1024, given_hashes) == want
+
+
 async def test_idle_coordinator_sends_at_once_and_concurrent_callers_share_rpcs() -> None:
     hashes = chain(8, b"a")
     store = FakeStore(FULL16.plan(128, hashes).keys, delay=0.01)

@@ -275,5 +275,7 @@ def test_the_compiled_reads_leave_to_python_what_they_do_not_read() -> None:
     assert caches._C.leading(known._runs, key, rows, 5.0) is None  # (out of date)
     assert caches._C.leading(known._runs, key, rows[:, :2].copy(), 1.0) is None  # (widths)
     assert caches._C.after(known._runs, key, _rows(1, 9), 1) == 2
-    with pytest.raises(ValueError):
-        caches._C.leading(known._runs, key, np.zeros(3), 1.0)
+    for odd in (np.zeros(3), np.asfortranarray(_rows(1, 2, 3)), _rows(1, 2, 3).view(np.int8)):
+        assert caches._C.leading(known._runs, key, odd, 1.0) is None
+        assert caches._C.after(known._runs, key, odd, 1) is None
+    assert known.after(key, np.asfortranarray(_rows(1, 9)), 1) == LEAVES_RUN  # (in Python)

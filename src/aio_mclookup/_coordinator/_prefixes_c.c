@@ -114,8 +114,10 @@ leading(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OOd:leading", &PyDict_Type, &runs, &key, &rows_obj, &now))
         return NULL;
     Rows rows;
-    if (rows_of(rows_obj, &rows) < 0)
-        return NULL;
+    if (rows_of(rows_obj, &rows) < 0) { /* (None: the Python method reads them, or says why) */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     PyObject *result = NULL;
     Py_ssize_t n = rows.rows, width = rows.width, depth = 0;
     double until = INFINITY;
@@ -186,8 +188,10 @@ after(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OOn:after", &PyDict_Type, &runs, &key, &rows_obj, &count))
         return NULL;
     Rows rows;
-    if (rows_of(rows_obj, &rows) < 0)
-        return NULL;
+    if (rows_of(rows_obj, &rows) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     long verdict = -1; /* 0 likely present, 1 likely absent, 2 leaves the run */
     Py_ssize_t width = rows.width, depth = 0;
     PyObject *node = count >= 0 && count < rows.rows ? root_of(runs, key) : NULL;

@@ -625,7 +625,7 @@ ids_pages_job(PyObject *self, PyObject *args)
     p->is_signed = is_signed;
     p->page_size = page_size;
     p->n = pages;
-    p->body = PyMem_Malloc((size_t)page_size * 4);
+    p->body = PyMem_Malloc((size_t)(pages ? page_size : 1) * 4); /* (a page fits the ids) */
     p->digests = PyBytes_FromStringAndSize(NULL, pages * WIDTH);
     PyObject *capsule = NULL;
     if (p->body == NULL || p->digests == NULL) {

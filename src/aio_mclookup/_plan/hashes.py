@@ -41,6 +41,9 @@ class RequestHashes:
                     f"shape {block_hashes.shape} dtype {block_hashes.dtype}",
                     field="block_hashes",
                 )
+            if block_hashes.shape[1] > 1 and block_hashes.strides[1] != 1:  # (a hash's bytes
+                block_hashes = np.ascontiguousarray(block_hashes)  # apart: the C kernels read
+                # a row's bytes in one piece)
             self.array = block_hashes if block_hashes.shape[1] else block_hashes[:0]
             self.count = int(self.array.shape[0])
         elif isinstance(block_hashes, (bytes, bytearray, memoryview, str)) or not isinstance(

@@ -94,8 +94,9 @@ class GroupProbe:
             assert self._rows is not None
             return self._rows, positions
         source, units = gather
-        picked = units[positions.start : positions.stop] if isinstance(positions, range) else (
-            units[positions]
+        picked = (
+            units[positions.start : positions.stop : positions.step]
+            if isinstance(positions, range) else units[positions]
         )
         return source, picked.tolist()
 
@@ -110,7 +111,7 @@ class GroupProbe:
             return self._rows, local
         source, units = gather
         keys = (
-            np.arange(local.start, local.stop, dtype=np.int64)
+            np.arange(local.start, local.stop, local.step, dtype=np.int64)
             if isinstance(local, range) else np.asarray(local, dtype=np.int64)
         )
         if k == 1:
