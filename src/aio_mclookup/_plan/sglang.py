@@ -8,6 +8,7 @@ order, a page's keys in every rank as one item, and settles at the first page an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -354,10 +355,19 @@ def _page_probe(rows: npt.NDArray[np.uint8], pages: int) -> GroupProbe:
     """The one group of an SGLang plan: its pages' hashes, ``rows`` (pages, 32)."""
     return GroupProbe(
         group_id=0,
-        chunks=np.arange(pages, dtype=np.int64),
+        chunks=_pages_of(pages),
         limit=pages,
         key_offset=0,
         hex_items=[],
         hash_rows=rows,
         unprobed_ids=None,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _pages_of(pages: int) -> IntArray:
+    """``0 .. pages - 1``, read-only, made once per count: a fresh ``np.arange`` per lookup
+    cost the event loop more than it looks (docs/design.md, "Preparing plans off the loop")."""
+    chunks = np.arange(pages, dtype=np.int64)
+    chunks.flags.writeable = False
+    return chunks
