@@ -265,15 +265,10 @@ class SGLangLayout:
             if pages >= _OFF_LOOP_PAGES and not declined(geometry, pages):  # (else as below:
                 # the ids are read now, and a bad one is refused even when no page is probed)
 
-                def hash_here() -> npt.NDArray[np.uint8]:  # (as plan_tokens does below)
-                    narrow = hashing.narrow_token_ids(token_ids)
-                    if narrow is not None:
-                        return hashing.PendingPages(  # type: ignore[no-any-return]
-                            narrow[0], pages=pages, page_size=self.page_size, eagle=False,
-                            seed=seed,
-                        ).digests()
-                    digests = self.page_hashes(token_ids, extra_key, cache_salt)[:pages]
-                    return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 32)
+                def hash_here() -> npt.NDArray[np.uint8]:  # (the copying way's, read now)
+                    rows = self.plan_tokens(token_ids, extra_key, cache_salt).groups[0].hash_rows
+                    assert rows is not None
+                    return rows
 
                 chain = hashing.PendingArrayPages(
                     token_ids, pages=pages, page_size=self.page_size, seed=seed,

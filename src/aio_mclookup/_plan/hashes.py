@@ -27,6 +27,7 @@ class RequestHashes:
         self.array: npt.NDArray[np.uint8] | None = None
         self.items: Sequence[Any] | None = None
         self._duplicates: bool | None = None
+        self._immutable: bool | None = None  # (see immutable_array)
         self.bytes_only: bool | None = None
         """Whether the items are all ``bytes`` (None: not checked yet, see :meth:`only_bytes`)."""
         if type(block_hashes) is list:  # the common case, without the ABC check below
@@ -69,8 +70,10 @@ class RequestHashes:
     @property
     def immutable_array(self) -> bool:
         """The hashes are an array nobody can write to (a view of ``bytes``): reading them
-        later needs no copy."""
-        return self.array is not None and _immutable(self.array)
+        later needs no copy. (Found once.)"""
+        if self._immutable is None:
+            self._immutable = self.array is not None and _immutable(self.array)
+        return self._immutable
 
     def snapshot(self) -> RequestHashes:
         """These hashes as they are now, safe to read later: the caller may reuse its list or
@@ -84,12 +87,12 @@ class RequestHashes:
                 return frozen
             return RequestHashes(tuple(map(_frozen, items)))
         assert self.array is not None
-        array = self.array
-        if _immutable(array):
+        if self.immutable_array:
             return self
         copy = RequestHashes.__new__(RequestHashes)
-        copy.array, copy.items, copy.count = array.copy(), None, self.count
+        copy.array, copy.items, copy.count = self.array.copy(), None, self.count
         copy._duplicates, copy.bytes_only = self._duplicates, False  # (an array)
+        copy._immutable = False
         return copy
 
     def has_duplicates(self) -> bool:
@@ -117,7 +120,7 @@ class RequestHashes:
         if self.array is not None:
             if isinstance(units, slice):  # the plan must not see later writes: a copy
                 sliced = self.array[units]
-                return (sliced if _immutable(sliced) else sliced.copy()), []
+                return (sliced if self.immutable_array else sliced.copy()), []
             return self.array.take(units, axis=0), []
         assert self.items is not None
         items = self.items

@@ -338,17 +338,13 @@ def build_plan(layout: Geometry, token_len: object, block_hashes: object) -> Loo
     # Groups read on their own first; then those whose hashes are all among a source's rows.
     # The hashes an immutable array holds at an index array are read later, when needed
     # (GroupProbe's gather): a round builds a few keys of groups of thousands of chunks.
-    source = None  # (found once a group reads some chunks: a dense one reads a slice)
     gathered = []
     subsets = False
     for target in targets:
         if target.source is not None:
             gathered.append(_NOT_READ)
             subsets = True
-            continue
-        if source is None and not isinstance(target.units, slice):
-            source = hashes.array if hashes.immutable_array else False
-        if source is not False and source is not None and not isinstance(target.units, slice):
+        elif not isinstance(target.units, slice) and hashes.immutable_array:
             gathered.append(_LATER)
         else:
             gathered.append(hashes.gather(target.units, target.period))
@@ -373,8 +369,8 @@ def build_plan(layout: Geometry, token_len: object, block_hashes: object) -> Loo
         rows, items = gathered[gid]
         if gathered[gid] is _LATER:
             units = target.units
-            assert isinstance(source, np.ndarray) and not isinstance(units, slice)
-            later = (source, units)
+            assert hashes.array is not None and not isinstance(units, slice)
+            later = (hashes.array, units)
         unprobed_ids = None
         if reads_unprobed and 0 < chunks.size < limit and hashes.has_duplicates():
             if later is not None:  # (read now after all)

@@ -106,16 +106,13 @@ class GroupProbe:
         """As :meth:`rows_at`, for group-local key indices of ``k`` namespaces (key ``i`` is
         row ``i // k``, namespace ``i % k``, in both the rows and the indices returned)."""
         gather = self._gather
-        if gather is None:
-            assert self._rows is not None
-            return self._rows, local
+        if gather is None or k == 1:  # (a key index is then a probe position)
+            return self.rows_at(local)
         source, units = gather
         keys = (
             np.arange(local.start, local.stop, local.step, dtype=np.int64)
             if isinstance(local, range) else np.asarray(local, dtype=np.int64)
         )
-        if k == 1:
-            return source, units[keys].tolist()
         return source, (units[keys // k] * k + keys % k).tolist()
 
     @property
