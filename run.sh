@@ -53,7 +53,7 @@ ensure_venv() {
         .venv/bin/python -m pip install -q -e '.[dev]'
         touch "$stamp"
     fi
-    .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(f"aio_mclookup.{m}") is None for m in ("_hashing._chain_c", "_rows_c", "_resolve._search_c", "_plan._probing_c", "_plan._repeats_c", "_coordinator._table_c", "_coordinator._worker_c")))' \
+    .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(f"aio_mclookup.{m}") is None for m in ("_hashing._chain_c", "_rows_c", "_resolve._search_c", "_plan._probing_c", "_plan._prefix_probe_c", "_plan._keys_c", "_plan._repeats_c", "_coordinator._table_c", "_coordinator._prefixes_c", "_coordinator._worker_c")))' \
         || echo "run.sh: the compiled extensions are not built; running pure Python (slower)" >&2
 }
 

@@ -60,6 +60,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "aio_mclookup._plan._prefix_probe_c",
+            ["src/aio_mclookup/_plan/_prefix_probe_c.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
             "aio_mclookup._resolve._search_c",
             ["src/aio_mclookup/_resolve/_search_c.c"],
             extra_compile_args=["-O3"],

@@ -1,5 +1,6 @@
 """The key table on its own: queued keys in fair shares, abandoned keys, clearing; the
-compiled entry of keys (``_table_c``) against the Python one."""
+compiled entry of keys, subscription, fan-out and reading of queued rounds (``_table_c``)
+against the Python ones."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aio_mclookup._coordinator import table as table_module
-from aio_mclookup._coordinator.table import KeyTable, Subscribers, enter_keys
+from aio_mclookup._coordinator.table import KeyTable, Subscribers, enter_keys, unsent
 
 TABLE_C = "aio_mclookup._coordinator._table_c"
 C: Any = importlib.import_module(TABLE_C) if importlib.util.find_spec(TABLE_C) else None
@@ -293,3 +294,50 @@ def test_the_compiled_kernels_read_snapshots_of_what_python_code_may_change() ->
     lookups[5] = Leaving()
     ready = C.fan_out({b"a": base}, lookups, [b"a"], [1.0])
     assert len(ready) == 1 and ready[0].round_present == [1.0] and ready[0].waiting == 0
+
+
+def _joined(subscribers: Subscribers) -> bool:
+    return isinstance(subscribers, list)
+
+
+@needs_build
+@settings(max_examples=400, deadline=None)
+@given(
+    waiting=_WAITING,
+    sending=st.sets(_KEYS),
+    abandoned=st.sets(_KEYS),
+    keys=st.lists(_KEYS, max_size=20),
+    pos=st.integers(0, 22),
+    width=st.integers(0, 22),
+    room=st.integers(0, 22),
+)
+def test_the_compiled_reading_of_a_queued_round_is_the_python_one(
+    waiting: dict[bytes, Subscribers], sending: set[bytes], abandoned: set[bytes],
+    keys: list[bytes], pos: int, width: int, room: int,
+) -> None:
+    abandoned &= set(waiting)  # (only keys in the table are abandoned)
+    outs = []
+    for read in (C.unsent, unsent):
+        tables = copy.deepcopy(waiting), set(sending), set(abandoned)
+        got = read(*tables, keys, pos, pos + width, room, _joined)
+        outs.append((got, tables))
+    assert outs[0] == outs[1]
+    (kept, end, dropped), (after, now_sending, _) = outs[0]
+    assert len(kept) == len(set(kept)) <= min(width, room)
+    assert end == len(keys) or len(kept) == min(width, room) or pos > len(keys)
+    assert set(kept) <= now_sending and not set(kept) & sending
+    assert dropped == len(waiting) - len(after)
+
+
+@needs_build
+def test_the_compiled_reading_fails_as_the_python_one() -> None:
+    def broken(_: Subscribers) -> bool:
+        raise RuntimeError("no")
+
+    for read in (C.unsent, unsent):
+        with pytest.raises(RuntimeError):
+            read({b"a": 1}, set(), {b"a"}, [b"a"], 0, 1, 1, broken)
+        with pytest.raises(TypeError):
+            read({b"a": 1}, set(), set(), [[1]], 0, 1, 1, everyone)  # (unhashable key)
+    with pytest.raises(TypeError):
+        C.unsent({}, [], set(), [b"a"], 0, 1, 1, everyone)  # (sending is a set)

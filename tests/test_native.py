@@ -26,6 +26,7 @@ CHAIN = "aio_mclookup._hashing._chain_c"
 ROWS = "aio_mclookup._rows_c"
 SEARCH = "aio_mclookup._resolve._search_c"
 PROBING = "aio_mclookup._plan._probing_c"
+PREFIX_PROBE = "aio_mclookup._plan._prefix_probe_c"
 KEYS = "aio_mclookup._plan._keys_c"
 REPEATS = "aio_mclookup._plan._repeats_c"
 TABLE = "aio_mclookup._coordinator._table_c"
@@ -34,7 +35,7 @@ WORKER = "aio_mclookup._coordinator._worker_c"
 BUILT = importlib.util.find_spec(CHAIN) is not None
 EXTENSIONS = {
     name: importlib.util.find_spec(name) is not None
-    for name in (CHAIN, ROWS, SEARCH, PROBING, KEYS, REPEATS, TABLE, PREFIXES, WORKER)
+    for name in (CHAIN, ROWS, SEARCH, PROBING, PREFIX_PROBE, KEYS, REPEATS, TABLE, PREFIXES, WORKER)
 }
 """Every extension setup.py builds, and whether it was built here."""
 needs_build = pytest.mark.skipif(not BUILT, reason="the C extension is not built")
@@ -83,7 +84,7 @@ def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     from aio_mclookup import _rows
     from aio_mclookup._coordinator import shell, table
     from aio_mclookup._plan import era_c as plan_era_c
-    from aio_mclookup._plan import keys, probing_era_c
+    from aio_mclookup._plan import keys, probing_era_c, rounds
     from aio_mclookup._resolve import era_c
 
     assert (_hasher._C is not None) == (BUILT and not _native.disabled())
@@ -94,6 +95,8 @@ def test_this_process_runs_the_path_its_environment_asks_for() -> None:
     assert _native.loaded()[SEARCH] == (era_c._C is not None)
     assert (probing_era_c._C is not None) == (EXTENSIONS[PROBING] and not _native.disabled())
     assert _native.loaded()[PROBING] == (probing_era_c._C is not None)
+    assert (rounds._C is not None) == (EXTENSIONS[PREFIX_PROBE] and not _native.disabled())
+    assert _native.loaded()[PREFIX_PROBE] == (rounds._C is not None)
     assert (keys._C is not None) == (EXTENSIONS[KEYS] and not _native.disabled())
     assert keys.COMPILED == (keys._C is not None) == _native.loaded()[KEYS]
     assert (plan_era_c._REPEATS is not None) == (EXTENSIONS[REPEATS] and not _native.disabled())

@@ -21,6 +21,12 @@
  *       value at round_present[sub & 0xffffffff] and one less to wait for; ready lists the
  *       lookups whose waiting reaches 0, keys with one subscriber first, then shared keys.
  *
+ *   unsent(waiting, sending, abandoned, keys, pos, stop, room, wanted) -> (kept, pos, dropped)
+ *       the twin of table.unsent: from keys[pos] on, each key waiting and not sending (an
+ *       abandoned one only if wanted(waiting[key]) says so, else it leaves abandoned and
+ *       waiting: dropped) is added to sending and kept, up to min(stop - pos, room) keys;
+ *       pos is where the reading ended.
+ *
  * Inputs as the core makes them: subscribers and base 64-bit ints, answers floats, a lookup's
  * waiting an int (where Python would take other types, these raise TypeError, or overflow).
  * Each reads tuple snapshots of its sequences and holds what it uses: Python code it runs (a
@@ -476,6 +482,77 @@ fail:
     return result;
 }
 
+static PyObject *
+unsent(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *waiting, *sending, *abandoned, *keys_obj, *wanted;
+    Py_ssize_t pos, stop, room;
+    if (!PyArg_ParseTuple(args, "O!OOOnnnO", &PyDict_Type, &waiting, &sending, &abandoned,
+                          &keys_obj, &pos, &stop, &room, &wanted))
+        return NULL;
+    if (!PyAnySet_Check(sending) || !PySet_Check(abandoned)) {
+        PyErr_SetString(PyExc_TypeError, "sending and abandoned must be sets");
+        return NULL;
+    }
+    /* (a list as it is, no copy: a queued round's share reads a slice of it; its size is read
+     * again after each call of wanted, and each key held while in use) */
+    PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
+    if (!keys)
+        return NULL;
+    PyObject *kept = PyList_New(0), *key = NULL;
+    if (!kept) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    Py_ssize_t want = stop - pos < room ? stop - pos : room, dropped = 0;
+    if (pos < 0)
+        pos = 0;
+    while (pos < PySequence_Fast_GET_SIZE(keys) && PyList_GET_SIZE(kept) < want) {
+        key = PySequence_Fast_GET_ITEM(keys, pos);
+        Py_INCREF(key);
+        pos++;
+        int in_flight = PySet_Contains(sending, key);
+        if (in_flight < 0)
+            goto fail;
+        PyObject *subscribers = in_flight ? NULL : PyDict_GetItemWithError(waiting, key);
+        if (!subscribers) { /* sending, or taken by another round already */
+            if (PyErr_Occurred())
+                goto fail;
+            Py_CLEAR(key);
+            continue;
+        }
+        int left = PySet_Discard(abandoned, key);
+        if (left < 0)
+            goto fail;
+        if (left) { /* abandoned: sent only if someone joined it since */
+            Py_INCREF(subscribers);
+            PyObject *answer = PyObject_CallOneArg(wanted, subscribers);
+            Py_DECREF(subscribers);
+            int truth = answer ? PyObject_IsTrue(answer) : -1;
+            Py_XDECREF(answer);
+            if (truth < 0)
+                goto fail;
+            if (!truth) {
+                if (PyDict_DelItem(waiting, key) < 0)
+                    goto fail;
+                dropped++;
+                Py_CLEAR(key);
+                continue;
+            }
+        }
+        if (PySet_Add(sending, key) < 0 || PyList_Append(kept, key) < 0)
+            goto fail;
+        Py_CLEAR(key);
+    }
+    Py_DECREF(keys);
+    return Py_BuildValue("(Nnn)", kept, pos, dropped);
+fail:
+    Py_XDECREF(key);
+    Py_DECREF(keys);
+    Py_DECREF(kept);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"enter_keys", enter_keys, METH_VARARGS,
      "enter_keys(waiting, sending, keys, subs): each key joins or enters the table; returns "
@@ -487,6 +564,9 @@ static PyMethodDef methods[] = {
     {"fan_out", fan_out, METH_VARARGS,
      "fan_out(waiting, lookups, keys, values): one RPC's answers to their subscribers; "
      "returns the lookups whose waiting reached 0."},
+    {"unsent", unsent, METH_VARARGS,
+     "unsent(waiting, sending, abandoned, keys, pos, stop, room, wanted): a queued round's "
+     "keys still to send, now sending; returns (kept, pos, dropped)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -320,14 +320,7 @@ class CoordinatorCore:
                 until = float(known.min()) if known.size else math.inf
             if until < lookup.valid_until:
                 lookup.valid_until = until
-        present = lookup.round_present
-        unit = lookup.unit
-        if unit > 1:  # one answer per item: per key, as the probe state counts them
-            if isinstance(present, list):  # (a short round: numpy's cost per call is more)
-                present = [value for value in present for _ in range(unit)]
-            else:
-                present = np.repeat(present, unit)
-        lookup.state.record(lookup.round_keys, present)
+        lookup.state.record(lookup.round_keys, lookup.round_present, lookup.unit)  # (per item)
 
     def _remember_prefix(self, lookup: LookupState) -> None:
         """A lookup settled: remember its full-attention group's present prefix by hash

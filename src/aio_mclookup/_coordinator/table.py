@@ -16,7 +16,7 @@ from .. import _native
 
 __all__ = [
     "BULK", "POS_BITS", "POS_MASK", "KeyTable", "Subscribers", "Waiter", "answer", "enter_keys",
-    "fan_out", "subscribe_keys",
+    "fan_out", "subscribe_keys", "unsent",
 ]
 
 Subscribers = int | list[int]
@@ -31,7 +31,8 @@ POS_BITS = 32
 POS_MASK = (1 << POS_BITS) - 1
 
 _C: Any = _native.load("aio_mclookup._coordinator._table_c")
-"""The compiled :func:`enter_keys` and :func:`subscribe_keys`, or ``None``: the Python ones."""
+"""The compiled :func:`enter_keys`, :func:`subscribe_keys`, :func:`fan_out` and :func:`unsent`,
+or ``None``: the Python ones."""
 
 
 def enter_keys(
@@ -58,6 +59,40 @@ def enter_keys(
         if key not in sending:  # joined while queued
             to_send.append(key)
     return to_send, fresh, shared
+
+
+def unsent(
+    waiting: dict[bytes, Subscribers],
+    sending: set[bytes],
+    abandoned: set[bytes],
+    keys: Sequence[bytes],
+    pos: int,
+    stop: int,
+    room: int,
+    wanted: Callable[[Subscribers], bool],
+) -> tuple[list[bytes], int, int]:
+    """The keys of a queued round's ``keys[pos:stop]`` still to send (waiting, not sending,
+    each once), added to ``sending``; reading on past ``stop`` as keys are skipped, up to
+    ``room`` keys kept. An ``abandoned`` key goes only when ``wanted`` says someone joined it
+    since; otherwise it leaves ``abandoned`` and ``waiting``. Returns the keys kept, where the
+    reading ended and how many keys left the table. Its compiled twin is ``_table_c``."""
+    want = min(stop - pos, room)
+    kept: list[bytes] = []
+    dropped = 0
+    while pos < len(keys) and len(kept) < want:
+        key = keys[pos]
+        pos += 1
+        if key in sending or key not in waiting:  # (taken by another round already)
+            continue
+        if key in abandoned:
+            abandoned.discard(key)
+            if not wanted(waiting[key]):
+                del waiting[key]
+                dropped += 1
+                continue
+        sending.add(key)  # (a round may list a key twice: the second is skipped)
+        kept.append(key)
+    return kept, pos, dropped
 
 
 def subscribe_keys(
@@ -325,36 +360,18 @@ class KeyTable:
         room: int,
         wanted: Callable[[Subscribers], bool],
     ) -> tuple[list[bytes], int]:
-        """The keys of ``keys[pos:stop]`` still queued (not sending, nor answered, nor
-        abandoned and unwanted), now sending, and where the slice ended: it reads on past
-        ``stop`` as keys are skipped, up to ``room`` keys taken."""
-        waiting, sending = self.waiting, self.sending
-        want = min(stop - pos, room)
-        kept: list[bytes] = []  # (the caller's chunk)
-        while pos < len(keys) and len(kept) < want:  # a slice at a time, of what is missing
-            end = pos + want - len(kept)
-            left = [key for key in keys[pos:end] if key not in sending and key in waiting]
-            pos = min(end, len(keys))  # (a key not left: taken by another round already)
-            if len(left) > 1:
-                left = list(dict.fromkeys(left))  # (a round may list a key twice)
-            if self.abandoned and not self.abandoned.isdisjoint(left):
-                left = [key for key in left if self._still_wanted(key, wanted)]
-            sending.update(left)
-            kept += left
+        """The keys of ``keys[pos:stop]`` still queued (:func:`unsent`), now sending, and where
+        the slice ended."""
+        if _C is not None:
+            kept, pos, dropped = _C.unsent(
+                self.waiting, self.sending, self.abandoned, keys, pos, stop, room, wanted
+            )
+        else:
+            kept, pos, dropped = unsent(
+                self.waiting, self.sending, self.abandoned, keys, pos, stop, room, wanted
+            )
+        self.queued -= dropped
         return kept, pos
-
-    def _still_wanted(self, key: bytes, wanted: Callable[[Subscribers], bool]) -> bool:
-        """Whether a queued ``key`` is to be sent: it is not abandoned, or someone joined it
-        since; an abandoned key nobody wants leaves the table."""
-        abandoned = self.abandoned
-        if key not in abandoned:
-            return True
-        abandoned.discard(key)
-        if wanted(self.waiting[key]):
-            return True
-        del self.waiting[key]
-        self.queued -= 1
-        return False
 
     def queued_keys(self) -> list[bytes]:
         """The keys queued (each once), in the order of their rounds."""

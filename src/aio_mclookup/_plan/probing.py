@@ -18,7 +18,9 @@ from .._resolve.result import LookupResult
 from .plan import LookupPlan
 from .probe import GroupProbe
 
-__all__ = ["SCOUTS", "SCOUT_WINDOW", "ProbeState", "group_answers", "position_keys"]
+__all__ = [
+    "SCOUTS", "SCOUT_WINDOW", "ProbeState", "group_answers", "per_key", "position_keys",
+]
 
 SCOUT_WINDOW = 8
 """Prefix-mode rounds probing at least this many chunks also send scouts (see ProbeState)."""
@@ -79,6 +81,28 @@ class ProbeState:
         else:
             self._answered = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
             self._present = tuple(np.zeros(p.chunks.size, dtype=bool) for p in plan.groups)
+
+    @classmethod
+    def leaving_prefix_mode(
+        cls,
+        plan: LookupPlan,
+        rounds: int,
+        prefix: int,
+        bound: int,
+        ahead_chunks: Sequence[int],
+        answered_ahead: tuple[list[int], list[Any]],
+    ) -> ProbeState:
+        """The general state of a lone full-attention plan whose prefix mode (after
+        ``rounds`` rounds: ``prefix``, ``bound``, the scouts' present chunks and the last
+        hand-out) meets answers out of order: how the compiled prefix mode
+        (``_prefix_probe_c.c``) hands over to this class."""
+        state = cls(plan)
+        state.rounds = rounds
+        state._prefix, state._bound = prefix, bound
+        state._ahead = [(chunk, []) for chunk in ahead_chunks]
+        state.answered_ahead = answered_ahead
+        state._leave_prefix_mode()
+        return state
 
     @property
     def result(self) -> LookupResult | None:
@@ -211,10 +235,16 @@ class ProbeState:
         self.answered_ahead = (positions, answers)
 
     def record(
-        self, key_indices: KeyIndices, present: Sequence[object] | npt.NDArray[Any]
+        self,
+        key_indices: KeyIndices,
+        present: Sequence[object] | npt.NDArray[Any],
+        unit: int = 1,
     ) -> None:
         """Record answers (truthy = present) for ascending key indices that cover whole chunks
-        (all namespaces), e.g. from :meth:`next_keys`."""
+        (all namespaces), e.g. from :meth:`next_keys`: one answer per key, or with ``unit``
+        one per ``unit`` consecutive keys (a chunk's keys as one item)."""
+        if unit > 1:
+            present = per_key(present, unit)
         count = len(key_indices)
         if self.hit is not None:
             return
@@ -301,6 +331,15 @@ class ProbeState:
         self._answered = (answered,)
         self._present = (present,)
         self._prefix = None
+
+
+def per_key(
+    present: Sequence[Any] | npt.NDArray[Any], unit: int
+) -> list[Any] | npt.NDArray[Any]:
+    """Answers given one per ``unit`` consecutive keys, as one per key."""
+    if isinstance(present, np.ndarray):
+        return np.repeat(present, unit)
+    return [value for value in present for _ in range(unit)]
 
 
 def group_answers(

@@ -17,7 +17,7 @@ from .._layout.groups import FullAttention
 from .._resolve.era_c import era_c_partial
 from .._resolve.result import LookupResult
 from .era_c import EraCPlan
-from .probing import SCOUT_WINDOW, SCOUTS, ProbeState, group_answers, position_keys
+from .probing import SCOUT_WINDOW, SCOUTS, ProbeState, group_answers, per_key, position_keys
 
 __all__ = ["EraCProbeState"]
 
@@ -175,12 +175,18 @@ class EraCProbeState(ProbeState):
         return [_merged(now, then) for now, then in zip(found, after)]
 
     def record(
-        self, key_indices: KeyIndices, present: Sequence[object] | npt.NDArray[Any]
+        self,
+        key_indices: KeyIndices,
+        present: Sequence[object] | npt.NDArray[Any],
+        unit: int = 1,
     ) -> None:
         """Record answers (truthy = present) for ascending key indices that cover whole
-        probe positions (every namespace of their group)."""
+        probe positions (every namespace of their group): one per key, or with ``unit`` one
+        per ``unit`` consecutive keys."""
         if self.hit is not None or not len(key_indices):
             return
+        if unit > 1:
+            present = per_key(present, unit)
         if self._flat_keys is not None:
             answered, known_present = self._flat_keys
             idx: slice | IntArray = (
