@@ -98,11 +98,14 @@ def _drive(state: Any, plan: Any, seed: int) -> list[Any]:
         if k > 1 and rng.random() < 0.3:  # one answer per chunk (the coordinator's items)
             unit = k
             values = [all(values[at : at + k]) for at in range(0, len(values), k)]
-        kind = rng.choice(["floats", "bools", "array", "ints"])
+        kind = rng.choice(["floats", "bools", "array", "bool array", "strided", "ints"])
         answers: Any = (
             [1.5 if v else 0.0 for v in values] if kind == "floats"
             else values if kind == "bools"
             else np.array([2.0 if v else 0.0 for v in values]) if kind == "array"
+            else np.array(values, dtype=bool) if kind == "bool array"
+            else np.repeat(np.array([3.0 if v else -0.0 for v in values]), 2)[::2]
+            if kind == "strided"
             else [int(v) for v in values]
         )
         if rng.random() < 0.08 and len(keys) > k:  # answers out of order: a later part first

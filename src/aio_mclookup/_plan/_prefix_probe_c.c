@@ -24,6 +24,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 static PyObject *EMPTY, *FIRST_FALSE, *INT64_ARRAY, *RESOLVE_ALL, *GENERAL, *PER_KEY;
 static PyObject *NONE_AHEAD; /* ((), ()): answered_ahead when nothing is */
@@ -72,7 +73,8 @@ index_at(PyObject *seq, Py_ssize_t i, Py_ssize_t *out)
 }
 
 /* first_false(values, stop): *miss = the index of the first falsy value among the first
- * `stop` (-1: none). Lists and tuples here; anything else through probing's first_false. */
+ * `stop` (-1: none). Lists, tuples and 1-D float64 or bool buffers here; anything else
+ * through probing's first_false. */
 static int
 first_false(PyObject *values, Py_ssize_t stop, Py_ssize_t *miss)
 {
@@ -103,6 +105,26 @@ first_false(PyObject *values, Py_ssize_t stop, Py_ssize_t *miss)
         }
         return 0;
     }
+    Py_buffer view;
+    if (PyObject_CheckBuffer(values) &&
+        PyObject_GetBuffer(values, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+        const char *f = view.format ? view.format : "B";
+        if (*f == '=' || *f == '@' || *f == '<')
+            f++;
+        int floats = !strcmp(f, "d") && view.itemsize == 8, bools = !strcmp(f, "?");
+        if (view.ndim == 1 && (floats || bools)) { /* (a wide round's answers, an array) */
+            Py_ssize_t n = view.len / view.itemsize;
+            if (stop < n)
+                n = stop;
+            for (Py_ssize_t i = 0; i < n && *miss < 0; i++)
+                if (floats ? ((const double *)view.buf)[i] == 0.0 : !((const char *)view.buf)[i])
+                    *miss = i;
+            PyBuffer_Release(&view);
+            return 0;
+        }
+        PyBuffer_Release(&view);
+    }
+    PyErr_Clear();
     PyObject *found = stop == PY_SSIZE_T_MAX
         ? PyObject_CallFunctionObjArgs(FIRST_FALSE, values, NULL)
         : PyObject_CallFunction(FIRST_FALSE, "On", values, stop);
