@@ -341,3 +341,40 @@ def test_the_compiled_reading_fails_as_the_python_one() -> None:
             read({b"a": 1}, set(), set(), [[1]], 0, 1, 1, everyone)  # (unhashable key)
     with pytest.raises(TypeError):
         C.unsent({}, [], set(), [b"a"], 0, 1, 1, everyone)  # (sending is a set)
+
+
+@needs_build
+def test_the_compiled_reading_reads_a_key_again_after_python_code_ran() -> None:
+    """Dropping an abandoned key compares it with the set's others, which may run Python code
+    that takes the key out of ``waiting``: both readings then raise ``KeyError``, as reading
+    ``waiting[key]`` does."""
+    key = b"k" * 8
+
+    class Evil:
+        def __init__(self, waiting: dict[bytes, Subscribers]) -> None:
+            self.waiting, self.armed = waiting, False
+
+        def __hash__(self) -> int:
+            return hash(key)
+
+        def __eq__(self, other: object) -> bool:
+            if self.armed:
+                self.waiting.pop(key, None)
+            return False
+
+    for read in (C.unsent, unsent):
+        waiting: dict[bytes, Subscribers] = {key: 10**12}
+        evil = Evil(waiting)
+        abandoned: set[Any] = {evil, key}
+        evil.armed = True
+        with pytest.raises(KeyError):
+            read(waiting, set(), abandoned, [key], 0, 1, 1, everyone)
+
+
+@needs_build
+def test_the_compiled_reading_refuses_what_the_python_one_refuses() -> None:
+    for read in (C.unsent, unsent):
+        with pytest.raises(ValueError, match="pos"):
+            read({b"a": 1}, set(), set(), [b"a"], -1, 1, 1, everyone)
+        with pytest.raises((TypeError, AttributeError)):  # (sending must be a set)
+            read({b"a": 1}, frozenset(), set(), [b"a"], 0, 1, 1, everyone)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ import pytest
 import aio_mclookup as mcl
 from aio_mclookup._plan import rounds
 from aio_mclookup._plan.probing import ProbeState
+from aio_mclookup._resolve.answers import first_false
 
 PREFIX_PROBE = "aio_mclookup._plan._prefix_probe_c"
 C_PROBE: Any = (
@@ -193,3 +196,93 @@ def test_odd_plans_are_refused() -> None:
 class _NoTruth:
     def __bool__(self) -> bool:
         raise TypeError("no truth")
+
+
+def _small_plan() -> Any:
+    return LAYOUTS[0].plan(160, [bytes([i]) * 32 for i in range(10)])
+
+
+@needs_build
+@pytest.mark.parametrize("window", [sys.maxsize, 2**70, math.inf, math.nan, 10.0, -3, 0, True])
+def test_any_window_is_probe_states(window: Any) -> None:
+    plan = _small_plan()
+    outs = []
+    for state in (C_PROBE.PrefixProbe(plan), ProbeState(plan)):
+        state.record_present(range(0, 2))  # (a prefix known: start + window past any bound)
+        try:
+            outs.append(_keys(state.next_keys(window)))
+        except TypeError as exc:
+            outs.append(type(exc))
+    assert outs[0] == outs[1]
+
+
+@needs_build
+def test_first_false_reads_arrays_as_truth_values() -> None:
+    for values in ([1.0, -1.0, 0.0, 1.0], [1.0, math.nan, 0.0, 1.0], [2, -1, 0]):
+        assert first_false(np.array(values)) == 2 == first_false(values)
+    plan = _small_plan()
+    states = [C_PROBE.PrefixProbe(plan), ProbeState(plan)]
+    for state in states:
+        state.next_keys(4)
+        state.record(range(0, 4), np.array([1.0, -2.0, 0.0, 1.0]))
+    assert states[0].known_prefix == states[1].known_prefix == 2
+
+
+@needs_build
+def test_uninitialised_or_refused_states_raise() -> None:
+    state = C_PROBE.PrefixProbe.__new__(C_PROBE.PrefixProbe)
+    assert state.plan is None
+    for read in (lambda: state.hit, lambda: state.answered_ahead, lambda: state.next_keys(),
+                 lambda: state.record_present(range(4)), lambda: state.record(range(1), [1])):
+        with pytest.raises(RuntimeError, match="not initialised"):
+            read()
+    ready = C_PROBE.PrefixProbe(_small_plan())
+    with pytest.raises(AttributeError):
+        ready.__init__(object())
+    with pytest.raises(RuntimeError, match="not initialised"):
+        ready.next_keys()
+    hybrid = mcl.KVLayout([mcl.FullAttention(16), mcl.SlidingWindow(16, 32)], model="m",
+                          hash_block_size=16, scheduler_block_size=16)
+    with pytest.raises(ValueError, match="one group"):
+        C_PROBE.PrefixProbe(hybrid.plan(160, [bytes([i]) * 32 for i in range(10)]))
+    with pytest.raises(MemoryError):  # (a unit past any list's size)
+        C_PROBE.PrefixProbe(_small_plan()).record(range(4), [1.0] * 4, 2**62)
+
+
+@needs_build
+def test_odd_records_are_probe_states() -> None:
+    plan = LAYOUTS[0].plan(1600, [bytes([i]) * 32 for i in range(100)])
+    outs = []
+    for state in (C_PROBE.PrefixProbe(plan), ProbeState(plan)):
+        keys = state.next_keys(8)
+        assert len(keys) > 8  # (a window with scouts)
+        with pytest.raises(IndexError):  # answers past the keys
+            state.record(keys, [1.0] * (len(keys) + 1))
+        done = ProbeState(plan) if isinstance(state, ProbeState) else C_PROBE.PrefixProbe(plan)
+        done.next_keys(None)
+        done.record(range(100), [1.0] * 100)
+        done.record_present([0, 1])  # (settled: a list is read as Python reads it)
+        done.record_present(np.arange(0))
+        outs.append((_snapshot(state), _snapshot(done)))
+    assert outs[0] == outs[1]
+
+
+@needs_build
+def test_reading_the_keys_may_leave_prefix_mode() -> None:
+    """Python code run while the compiled state reads a round's scouts (a key list's
+    ``__getitem__``) may record answers out of order: it leaves prefix mode without crashing.
+    (ProbeState reads the scouts through a slice, which runs no such code.)"""
+
+    class Keys(list):  # type: ignore[type-arg]
+        def __getitem__(self, index: Any) -> Any:
+            if index == 9 and not done:
+                done.append(True)
+                state.record(np.array([60, 61]), [True, True])
+            return super().__getitem__(index)
+
+    plan = LAYOUTS[0].plan(1600, [bytes([i]) * 32 for i in range(100)])
+    state = C_PROBE.PrefixProbe(plan)
+    done: list[bool] = []
+    keys = Keys(_keys(state.next_keys(8)))
+    state.record(keys, [True] * len(keys))
+    assert done and state.known_prefix is None and state.hit is None

@@ -490,12 +490,16 @@ unsent(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OOOnnnO", &PyDict_Type, &waiting, &sending, &abandoned,
                           &keys_obj, &pos, &stop, &room, &wanted))
         return NULL;
-    if (!PyAnySet_Check(sending) || !PySet_Check(abandoned)) {
+    if (!PySet_Check(sending) || !PySet_Check(abandoned)) {
         PyErr_SetString(PyExc_TypeError, "sending and abandoned must be sets");
         return NULL;
     }
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        return NULL;
+    }
     /* (a list as it is, no copy: a queued round's share reads a slice of it; its size is read
-     * again after each call of wanted, and each key held while in use) */
+     * again after each call that may run Python code, and each key held while in use) */
     PyObject *keys = PySequence_Fast(keys_obj, "keys must be a sequence");
     if (!keys)
         return NULL;
@@ -505,19 +509,18 @@ unsent(PyObject *Py_UNUSED(self), PyObject *args)
         return NULL;
     }
     Py_ssize_t want = stop - pos < room ? stop - pos : room, dropped = 0;
-    if (pos < 0)
-        pos = 0;
     while (pos < PySequence_Fast_GET_SIZE(keys) && PyList_GET_SIZE(kept) < want) {
         key = PySequence_Fast_GET_ITEM(keys, pos);
         Py_INCREF(key);
         pos++;
-        int in_flight = PySet_Contains(sending, key);
-        if (in_flight < 0)
+        int skip = PySet_Contains(sending, key); /* sending, or not waiting: taken already */
+        if (skip == 0) {
+            int has = PyDict_Contains(waiting, key);
+            skip = has < 0 ? -1 : !has;
+        }
+        if (skip < 0)
             goto fail;
-        PyObject *subscribers = in_flight ? NULL : PyDict_GetItemWithError(waiting, key);
-        if (!subscribers) { /* sending, or taken by another round already */
-            if (PyErr_Occurred())
-                goto fail;
+        if (skip) {
             Py_CLEAR(key);
             continue;
         }
@@ -525,6 +528,13 @@ unsent(PyObject *Py_UNUSED(self), PyObject *args)
         if (left < 0)
             goto fail;
         if (left) { /* abandoned: sent only if someone joined it since */
+            /* (read after the discard, which may run Python code, as Python does) */
+            PyObject *subscribers = PyDict_GetItemWithError(waiting, key);
+            if (!subscribers) {
+                if (!PyErr_Occurred())
+                    PyErr_SetObject(PyExc_KeyError, key);
+                goto fail;
+            }
             Py_INCREF(subscribers);
             PyObject *answer = PyObject_CallOneArg(wanted, subscribers);
             Py_DECREF(subscribers);

@@ -76,6 +76,8 @@ def unsent(
     ``room`` keys kept. An ``abandoned`` key goes only when ``wanted`` says someone joined it
     since; otherwise it leaves ``abandoned`` and ``waiting``. Returns the keys kept, where the
     reading ended and how many keys left the table. Its compiled twin is ``_table_c``."""
+    if pos < 0:
+        raise ValueError("pos must be >= 0")
     want = min(stop - pos, room)
     kept: list[bytes] = []
     dropped = 0

@@ -20,6 +20,13 @@
  * the scouts' present chunks and the last scouted round. Answers that do not start at the
  * prefix leave prefix mode: the state hands over to a general ProbeState built from what it
  * knows (ProbeState._leave_prefix_mode's arrays) and forwards every call to it from then on.
+ *
+ * Where it parts from ProbeState, on input the coordinator never gives: a float window below
+ * the chunks left raises TypeError, as range() does in Python (one at or past them, or NaN,
+ * is no bound, as there); a state not initialised (or whose plan was refused) raises
+ * RuntimeError, a plan of several groups ValueError; answers whose truth-testing records
+ * other answers on the same state raise RuntimeError; a unit past any list's size raises
+ * MemoryError at once; answered_ahead is ((), ()) while nothing is handed out.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -151,6 +158,48 @@ set_hit(PrefixProbe *self, Py_ssize_t chunks)
     return 0;
 }
 
+/* The plan's numbers prefix mode reads: its one group's limit and key offset, its key count
+ * and its namespaces. -1 with an exception for a plan it cannot probe. */
+static int
+read_plan(PyObject *plan, Py_ssize_t *limit, Py_ssize_t *offset, Py_ssize_t *num_keys,
+          Py_ssize_t *k)
+{
+    *limit = *offset = 0;
+    PyObject *groups = PyObject_GetAttrString(plan, "groups");
+    if (!groups)
+        return -1;
+    Py_ssize_t n_groups = PyObject_Length(groups);
+    if (n_groups > 1) {
+        PyErr_SetString(PyExc_ValueError, "prefix mode probes a plan of one group");
+        n_groups = -1;
+    }
+    if (n_groups == 1) {
+        PyObject *first = PySequence_GetItem(groups, 0);
+        if (!first || attr_ssize(first, "limit", limit) < 0 ||
+            attr_ssize(first, "key_offset", offset) < 0)
+            n_groups = -1;
+        Py_XDECREF(first);
+    }
+    Py_DECREF(groups);
+    if (n_groups < 0 || attr_ssize(plan, "num_keys", num_keys) < 0)
+        return -1;
+    PyObject *geometry = PyObject_GetAttrString(plan, "geometry");
+    if (!geometry)
+        return -1;
+    PyObject *namespaces = PyObject_GetAttrString(geometry, "namespaces");
+    Py_DECREF(geometry);
+    if (!namespaces)
+        return -1;
+    *k = PyObject_Length(namespaces);
+    Py_DECREF(namespaces);
+    if (*k <= 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a plan without namespaces");
+        return -1;
+    }
+    return 0;
+}
+
 static int
 probe_init(PrefixProbe *self, PyObject *args, PyObject *kwds)
 {
@@ -162,12 +211,14 @@ probe_init(PrefixProbe *self, PyObject *args, PyObject *kwds)
     }
     else
         plan = PyTuple_GET_ITEM(args, 0);
+    Py_CLEAR(self->plan); /* (unusable until the plan is read: see ready) */
     if (SCOUT_WINDOW < 0) {
         PyErr_SetString(PyExc_RuntimeError, "_prefix_probe_c is not configured");
         return -1;
     }
-    Py_INCREF(plan);
-    Py_XSETREF(self->plan, plan);
+    Py_ssize_t limit, offset, num_keys, k;
+    if (read_plan(plan, &limit, &offset, &num_keys, &k) < 0)
+        return -1;
     Py_CLEAR(self->general);
     Py_CLEAR(self->hit);
     Py_CLEAR(self->result);
@@ -176,40 +227,23 @@ probe_init(PrefixProbe *self, PyObject *args, PyObject *kwds)
     Py_INCREF(NONE_AHEAD);
     Py_XSETREF(self->answered_ahead, NONE_AHEAD);
     self->prefix = self->rounds = self->scouted_run = 0;
-    self->bound = self->limit = self->offset = 0;
-    PyObject *groups = PyObject_GetAttrString(plan, "groups");
-    if (!groups)
-        return -1;
-    Py_ssize_t n_groups = PyObject_Length(groups);
-    if (n_groups > 0) {
-        PyObject *first = PySequence_GetItem(groups, 0);
-        if (!first || attr_ssize(first, "limit", &self->limit) < 0 ||
-            attr_ssize(first, "key_offset", &self->offset) < 0) {
-            Py_XDECREF(first);
-            Py_DECREF(groups);
-            return -1;
-        }
-        Py_DECREF(first);
-        self->bound = self->limit;
-    }
-    Py_DECREF(groups);
-    if (n_groups < 0 || attr_ssize(plan, "num_keys", &self->num_keys) < 0)
-        return -1;
-    PyObject *geometry = PyObject_GetAttrString(plan, "geometry");
-    if (!geometry)
-        return -1;
-    PyObject *namespaces = PyObject_GetAttrString(geometry, "namespaces");
-    Py_DECREF(geometry);
-    if (!namespaces)
-        return -1;
-    self->k = PyObject_Length(namespaces);
-    Py_DECREF(namespaces);
-    if (self->k <= 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "a plan without namespaces");
-        return -1;
-    }
+    self->bound = self->limit = limit;
+    self->offset = offset;
+    self->num_keys = num_keys;
+    self->k = k;
+    Py_INCREF(plan);
+    self->plan = plan;
     return 0;
+}
+
+/* 0 when initialised (a plan read); else -1 with RuntimeError. */
+static int
+ready(PrefixProbe *self)
+{
+    if (self->plan && self->answered_ahead && self->k > 0)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "PrefixProbe is not initialised");
+    return -1;
 }
 
 static int
@@ -313,13 +347,24 @@ next_prefix_keys(PrefixProbe *self, PyObject *window_obj)
     Py_ssize_t window = 0, stop = bound;
     int windowed = window_obj != Py_None;
     if (windowed) {
-        window = PyNumber_AsSsize_t(window_obj, PyExc_OverflowError);
-        if (window == -1 && PyErr_Occurred())
-            return NULL;
-        if (start + window < bound)
+        if (PyFloat_Check(window_obj)) { /* (Python's min() takes one past the bound, or NaN) */
+            if (PyFloat_AS_DOUBLE(window_obj) < (double)(bound - start)) {
+                PyErr_SetString(PyExc_TypeError,
+                                "'float' object cannot be interpreted as an integer");
+                return NULL;
+            }
+            window = PY_SSIZE_T_MAX;
+        }
+        else { /* (clamped: any window past the bound is the bound) */
+            window = PyNumber_AsSsize_t(window_obj, NULL);
+            if (window == -1 && PyErr_Occurred())
+                return NULL;
+        }
+        if (window < bound - start) /* (start >= 0: no overflow) */
             stop = start + window;
     }
-    PyObject *chunks = key_range(offset + start * k, offset + stop * k);
+    /* (a window below 1 hands out no key: an empty range, whatever its ends) */
+    PyObject *chunks = key_range(offset + start * k, offset + (stop > start ? stop : start) * k);
     if (!chunks)
         return NULL;
     if (self->ahead && PyList_GET_SIZE(self->ahead) && take_ahead(self, start, stop) < 0)
@@ -372,7 +417,7 @@ probe_next_keys(PrefixProbe *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"window", "ahead", NULL};
     PyObject *window = Py_None, *ahead = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO", kwlist, &window, &ahead))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO", kwlist, &window, &ahead) || ready(self) < 0)
         return NULL;
     if (self->general)
         return PyObject_CallMethod(self->general, "next_keys", "OO", window, ahead);
@@ -421,11 +466,10 @@ insert_ahead(PyObject *ahead, Py_ssize_t chunk, PyObject *values)
 
 /* ProbeState._note_scouts, on key_indices[filled:] and present[filled:] */
 static int
-note_scouts(PrefixProbe *self, PyObject *key_indices, PyObject *present, Py_ssize_t filled,
-            Py_ssize_t count)
+note_scouts(PrefixProbe *self, PyObject *key_indices, PyObject *present, Py_ssize_t filled)
 {
     Py_ssize_t k = self->k, offset = self->offset, miss;
-    PyObject *tail = PySequence_GetSlice(present, filled, count);
+    PyObject *tail = PySequence_GetSlice(present, filled, PY_SSIZE_T_MAX); /* (present[filled:]) */
     if (!tail)
         return -1;
     if (first_false(tail, PY_SSIZE_T_MAX, &miss) < 0)
@@ -434,8 +478,6 @@ note_scouts(PrefixProbe *self, PyObject *key_indices, PyObject *present, Py_ssiz
     if (size < 0)
         goto fail;
     Py_ssize_t end = miss < 0 ? size : miss - miss % k; /* (whole chunks before it) */
-    if (end && !self->ahead && !(self->ahead = PyList_New(0)))
-        goto fail;
     if (end) {
         PyObject *answers;
         if (PyList_CheckExact(tail) || PyTuple_CheckExact(tail) ||
@@ -448,7 +490,10 @@ note_scouts(PrefixProbe *self, PyObject *key_indices, PyObject *present, Py_ssiz
         for (Py_ssize_t at = 0; at < end; at += k) {
             Py_ssize_t index;
             PyObject *values = PyList_GetSlice(answers, at, at + k);
+            /* (read self->ahead after index_at, which may run Python code that leaves prefix
+             * mode: ProbeState then appends to the fresh list it leaves behind) */
             if (!values || index_at(key_indices, filled + at, &index) < 0 ||
+                (!self->ahead && !(self->ahead = PyList_New(0))) ||
                 insert_ahead(self->ahead, floordiv(index - offset, k), values) < 0) {
                 Py_XDECREF(values);
                 Py_DECREF(answers);
@@ -523,6 +568,18 @@ leave_prefix_mode(PrefixProbe *self)
     return 0;
 }
 
+/* Answers whose truth-testing records other answers on this state out of order (so that it
+ * left prefix mode meanwhile): an error here, where ProbeState goes on in ways of its own. */
+static int
+left_meanwhile(PrefixProbe *self)
+{
+    if (!self->general)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "answers recorded on this probe state while its answers were read");
+    return -1;
+}
+
 static PyObject *
 record(PrefixProbe *self, PyObject *key_indices, PyObject *present)
 {
@@ -535,9 +592,13 @@ record(PrefixProbe *self, PyObject *key_indices, PyObject *present)
         PyObject *hit = PyObject_CallFunctionObjArgs(RESOLVE_ALL, self->plan, present, NULL);
         if (!hit)
             return NULL;
+        if (left_meanwhile(self) < 0) {
+            Py_DECREF(hit);
+            return NULL;
+        }
         Py_XSETREF(self->hit, hit);
         /* (a repeated hash may count more: vLLM's hit does) */
-        if (first_false(present, PY_SSIZE_T_MAX, &miss) < 0)
+        if (first_false(present, PY_SSIZE_T_MAX, &miss) < 0 || left_meanwhile(self) < 0)
             return NULL;
         self->prefix = (miss < 0 ? count : miss) / k;
         Py_RETURN_NONE;
@@ -553,7 +614,7 @@ record(PrefixProbe *self, PyObject *key_indices, PyObject *present)
             filled = self->scouted_run;
         else if (contiguous_run(key_indices, count, &filled) < 0)
             return NULL;
-        if (first_false(present, filled, &miss) < 0)
+        if (first_false(present, filled, &miss) < 0 || left_meanwhile(self) < 0)
             return NULL;
         if (miss >= 0) {
             self->prefix += floordiv(miss, k);
@@ -562,7 +623,7 @@ record(PrefixProbe *self, PyObject *key_indices, PyObject *present)
             Py_RETURN_NONE;
         }
         self->prefix += floordiv(filled, k);
-        if (filled < count && note_scouts(self, key_indices, present, filled, count) < 0)
+        if (filled < count && note_scouts(self, key_indices, present, filled) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
@@ -579,6 +640,8 @@ per_key(PyObject *present, Py_ssize_t unit)
     if (!PyList_CheckExact(present) && !PyTuple_CheckExact(present))
         return PyObject_CallFunction(PER_KEY, "On", present, unit);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(present);
+    if (n && unit > PY_SSIZE_T_MAX / n)
+        return PyErr_NoMemory();
     PyObject *out = PyList_New(n * unit);
     if (!out)
         return NULL;
@@ -612,6 +675,8 @@ probe_record(PrefixProbe *self, PyObject *args, PyObject *kwds)
                 return NULL;
         }
     }
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return PyObject_CallMethod(self->general, "record", "OOn", key_indices, present, unit);
     if (unit <= 1)
@@ -627,13 +692,20 @@ probe_record(PrefixProbe *self, PyObject *args, PyObject *kwds)
 static PyObject *
 probe_record_present(PrefixProbe *self, PyObject *key_indices)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return PyObject_CallMethod(self->general, "record_present", "O", key_indices);
     Py_ssize_t count = PyObject_Length(key_indices), start;
-    if (count < 0 || attr_ssize(key_indices, "start", &start) < 0)
+    if (count < 0)
         return NULL;
-    if (!self->hit && count && !(self->rounds == 1 && count == self->num_keys) &&
-        start - self->offset == self->prefix * self->k) {
+    int at_prefix = 0;
+    if (!self->hit && count && !(self->rounds == 1 && count == self->num_keys)) {
+        if (attr_ssize(key_indices, "start", &start) < 0) /* (read only here, as Python does) */
+            return NULL;
+        at_prefix = start - self->offset == self->prefix * self->k;
+    }
+    if (at_prefix) {
         self->prefix += floordiv(count, self->k); /* what record() does, without the scan */
         Py_RETURN_NONE;
     }
@@ -652,6 +724,8 @@ probe_record_present(PrefixProbe *self, PyObject *key_indices)
 static PyObject *
 probe_leading_known(PrefixProbe *self, PyObject *group)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return PyObject_CallMethod(self->general, "leading_known", "O", group);
     return Py_BuildValue("nO", self->prefix, self->prefix < self->limit ? Py_True : Py_False);
@@ -666,6 +740,8 @@ get_forwarded(PrefixProbe *self, const char *name)
 static PyObject *
 probe_get_hit(PrefixProbe *self, void *closure)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return get_forwarded(self, "hit");
     PyObject *hit = self->hit ? self->hit : Py_None;
@@ -676,6 +752,8 @@ probe_get_hit(PrefixProbe *self, void *closure)
 static PyObject *
 probe_get_rounds(PrefixProbe *self, void *closure)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return get_forwarded(self, "rounds");
     return PyLong_FromSsize_t(self->rounds);
@@ -684,6 +762,8 @@ probe_get_rounds(PrefixProbe *self, void *closure)
 static PyObject *
 probe_get_known_prefix(PrefixProbe *self, void *closure)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return get_forwarded(self, "known_prefix");
     return PyLong_FromSsize_t(self->prefix);
@@ -692,6 +772,8 @@ probe_get_known_prefix(PrefixProbe *self, void *closure)
 static PyObject *
 probe_get_all_at_once(PrefixProbe *self, void *closure)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return get_forwarded(self, "all_at_once");
     Py_RETURN_FALSE;
@@ -700,6 +782,8 @@ probe_get_all_at_once(PrefixProbe *self, void *closure)
 static PyObject *
 probe_get_answered_ahead(PrefixProbe *self, void *closure)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return get_forwarded(self, "answered_ahead");
     Py_INCREF(self->answered_ahead);
@@ -709,21 +793,28 @@ probe_get_answered_ahead(PrefixProbe *self, void *closure)
 static PyObject *
 probe_get_plan(PrefixProbe *self, void *closure)
 {
-    Py_INCREF(self->plan);
-    return self->plan;
+    PyObject *plan = self->plan ? self->plan : Py_None;
+    Py_INCREF(plan);
+    return plan;
 }
 
 static PyObject *
 probe_get_result(PrefixProbe *self, void *closure)
 {
+    if (ready(self) < 0)
+        return NULL;
     if (self->general)
         return get_forwarded(self, "result");
     if (!self->hit)
         Py_RETURN_NONE;
     if (!self->result) {
-        self->result = PyObject_CallMethod(self->plan, "result_for_hit", "O", self->hit);
-        if (!self->result)
+        PyObject *result = PyObject_CallMethod(self->plan, "result_for_hit", "O", self->hit);
+        if (!result)
             return NULL;
+        if (self->result) /* (result_for_hit asked for it meanwhile: the first one stays) */
+            Py_DECREF(result);
+        else
+            self->result = result;
     }
     Py_INCREF(self->result);
     return self->result;
@@ -778,8 +869,8 @@ configure(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OnnOOOOO", &empty, &window, &scouts, &first_false_fn,
                           &per_key_fn, &int64_array, &resolve_all, &general))
         return NULL;
-    if (window < 1 || scouts < 1) {
-        PyErr_SetString(PyExc_ValueError, "scout_window and scouts must be positive");
+    if (window < 2 || scouts < 1) {
+        PyErr_SetString(PyExc_ValueError, "scout_window must be 2 or more, scouts 1 or more");
         return NULL;
     }
     Py_INCREF(empty);

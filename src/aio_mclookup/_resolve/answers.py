@@ -69,8 +69,8 @@ def first_false(values: Sequence[object] | BoolArray, stop: int | None = None) -
     """Index of the first falsy value (among the first ``stop``), or None when all are
     truthy."""
     if isinstance(values, np.ndarray):
-        head = values if stop is None else values[:stop]
-        return None if head.all() else int(head.argmin())
+        head = (values if stop is None else values[:stop]).astype(bool, copy=False)
+        return None if head.all() else int(head.argmin())  # (the first False)
     falsy = map(operator.not_, values if stop is None else itertools.islice(values, stop))
     return next(itertools.compress(itertools.count(), falsy), None)  # stops at the first
 
