@@ -56,10 +56,10 @@ floordiv(Py_ssize_t a, Py_ssize_t b)
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
+/* The int `value` holds (a new reference, released here; NULL: the error it stands for). */
 static int
-attr_ssize(PyObject *obj, const char *name, Py_ssize_t *out)
+take_ssize(PyObject *value, Py_ssize_t *out)
 {
-    PyObject *value = PyObject_GetAttrString(obj, name);
     if (!value)
         return -1;
     *out = PyNumber_AsSsize_t(value, PyExc_OverflowError);
@@ -67,16 +67,18 @@ attr_ssize(PyObject *obj, const char *name, Py_ssize_t *out)
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* int(obj.name) */
+static int
+attr_ssize(PyObject *obj, const char *name, Py_ssize_t *out)
+{
+    return take_ssize(PyObject_GetAttrString(obj, name), out);
+}
+
 /* int(seq[i]) */
 static int
 index_at(PyObject *seq, Py_ssize_t i, Py_ssize_t *out)
 {
-    PyObject *item = PySequence_GetItem(seq, i);
-    if (!item)
-        return -1;
-    *out = PyNumber_AsSsize_t(item, PyExc_OverflowError);
-    Py_DECREF(item);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return take_ssize(PySequence_GetItem(seq, i), out);
 }
 
 /* first_false(values, stop): *miss = the index of the first falsy value among the first
@@ -731,80 +733,16 @@ probe_leading_known(PrefixProbe *self, PyObject *group)
     return Py_BuildValue("nO", self->prefix, self->prefix < self->limit ? Py_True : Py_False);
 }
 
-static PyObject *
-get_forwarded(PrefixProbe *self, const char *name)
-{
-    return PyObject_GetAttrString(self->general, name);
-}
+/* The attributes read alike: each the general state's once out of prefix mode. */
+enum { HIT, ROUNDS, KNOWN_PREFIX, ALL_AT_ONCE, ANSWERED_AHEAD, RESULT };
+static const char *const attribute_names[] = {
+    "hit", "rounds", "known_prefix", "all_at_once", "answered_ahead", "result",
+};
 
+/* result_for_hit(hit), asked once */
 static PyObject *
-probe_get_hit(PrefixProbe *self, void *closure)
+result_of(PrefixProbe *self)
 {
-    if (ready(self) < 0)
-        return NULL;
-    if (self->general)
-        return get_forwarded(self, "hit");
-    PyObject *hit = self->hit ? self->hit : Py_None;
-    Py_INCREF(hit);
-    return hit;
-}
-
-static PyObject *
-probe_get_rounds(PrefixProbe *self, void *closure)
-{
-    if (ready(self) < 0)
-        return NULL;
-    if (self->general)
-        return get_forwarded(self, "rounds");
-    return PyLong_FromSsize_t(self->rounds);
-}
-
-static PyObject *
-probe_get_known_prefix(PrefixProbe *self, void *closure)
-{
-    if (ready(self) < 0)
-        return NULL;
-    if (self->general)
-        return get_forwarded(self, "known_prefix");
-    return PyLong_FromSsize_t(self->prefix);
-}
-
-static PyObject *
-probe_get_all_at_once(PrefixProbe *self, void *closure)
-{
-    if (ready(self) < 0)
-        return NULL;
-    if (self->general)
-        return get_forwarded(self, "all_at_once");
-    Py_RETURN_FALSE;
-}
-
-static PyObject *
-probe_get_answered_ahead(PrefixProbe *self, void *closure)
-{
-    if (ready(self) < 0)
-        return NULL;
-    if (self->general)
-        return get_forwarded(self, "answered_ahead");
-    Py_INCREF(self->answered_ahead);
-    return self->answered_ahead;
-}
-
-static PyObject *
-probe_get_plan(PrefixProbe *self, void *closure)
-{
-    PyObject *plan = self->plan ? self->plan : Py_None;
-    Py_INCREF(plan);
-    return plan;
-}
-
-static PyObject *
-probe_get_result(PrefixProbe *self, void *closure)
-{
-    if (ready(self) < 0)
-        return NULL;
-    if (self->general)
-        return get_forwarded(self, "result");
     if (!self->hit)
         Py_RETURN_NONE;
     if (!self->result) {
@@ -820,17 +758,57 @@ probe_get_result(PrefixProbe *self, void *closure)
     return self->result;
 }
 
+static PyObject *
+probe_get(PrefixProbe *self, void *closure)
+{
+    int which = (int)(intptr_t)closure;
+    if (ready(self) < 0)
+        return NULL;
+    if (self->general)
+        return PyObject_GetAttrString(self->general, attribute_names[which]);
+    PyObject *value;
+    switch (which) {
+    case HIT:
+        value = self->hit ? self->hit : Py_None;
+        break;
+    case ROUNDS:
+        return PyLong_FromSsize_t(self->rounds);
+    case KNOWN_PREFIX:
+        return PyLong_FromSsize_t(self->prefix);
+    case ALL_AT_ONCE:
+        value = Py_False;
+        break;
+    case ANSWERED_AHEAD:
+        value = self->answered_ahead;
+        break;
+    default:
+        return result_of(self);
+    }
+    Py_INCREF(value);
+    return value;
+}
+
+static PyObject *
+probe_get_plan(PrefixProbe *self, void *closure)
+{
+    PyObject *plan = self->plan ? self->plan : Py_None;
+    Py_INCREF(plan);
+    return plan;
+}
+
 static PyGetSetDef probe_getset[] = {
-    {"hit", (getter)probe_get_hit, NULL, "The hit, once settled; else None.", NULL},
-    {"rounds", (getter)probe_get_rounds, NULL, "Rounds handed out so far.", NULL},
-    {"known_prefix", (getter)probe_get_known_prefix, NULL,
-     "Chunks from the first known present (None once out of prefix mode).", NULL},
-    {"all_at_once", (getter)probe_get_all_at_once, NULL, "False: rounds.", NULL},
-    {"answered_ahead", (getter)probe_get_answered_ahead, NULL,
-     "Positions of the last next_keys known present already, and their answers.", NULL},
+    {"hit", (getter)probe_get, NULL, "The hit, once settled; else None.", (void *)HIT},
+    {"rounds", (getter)probe_get, NULL, "Rounds handed out so far.", (void *)ROUNDS},
+    {"known_prefix", (getter)probe_get, NULL,
+     "Chunks from the first known present (None once out of prefix mode).",
+     (void *)KNOWN_PREFIX},
+    {"all_at_once", (getter)probe_get, NULL, "False: rounds.", (void *)ALL_AT_ONCE},
+    {"answered_ahead", (getter)probe_get, NULL,
+     "Positions of the last next_keys known present already, and their answers.",
+     (void *)ANSWERED_AHEAD},
+    {"result", (getter)probe_get, NULL, "The lookup result once settled; else None.",
+     (void *)RESULT},
     {"plan", (getter)probe_get_plan, NULL, "The plan probed.", NULL},
-    {"result", (getter)probe_get_result, NULL, "The lookup result once settled; else None.",
-     NULL},
     {NULL},
 };
 
