@@ -36,9 +36,10 @@ def _arrays(state: EraCProbeState) -> list[list[bool]]:
 
 
 def _rounds(plan: mcl.LookupPlan, answers: list[bool], window: int | None, as_list: bool,
-            compiled: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+            compiled: bool, monkeypatch: pytest.MonkeyPatch, unit: int = 1) -> list[Any]:
     """Every round's keys, the arrays after it, and how it ended (compiled: every round
-    recorded in C)."""
+    recorded in C). With ``unit``, one answer per ``unit`` keys (a chunk's keys in every
+    namespace, as the coordinator gives them: present when every key is)."""
     taken: list[bool] = []
 
     def record(*args: Any) -> bool:
@@ -70,9 +71,9 @@ def _rounds(plan: mcl.LookupPlan, answers: list[bool], window: int | None, as_li
         trace.append(got)
         if not got:
             break
-        given_answers: Any = present[got]
+        given_answers: Any = present[got].reshape(-1, unit).all(axis=1)
         given_answers = (given_answers * 7.5).tolist() if as_list else given_answers * 7.5
-        state.record(idx, given_answers)
+        state.record(idx, given_answers, unit)
         trace.append(_arrays(state))
     assert all(taken)
     return [*trace, state.hit]
@@ -92,11 +93,13 @@ def test_the_compiled_rounds_go_as_the_python_ones_do(request: Request) -> None:
     rng = random.Random(seed)
     answers = [rng.random() < 0.8 for _ in range(plan.num_keys)]
     with pytest.MonkeyPatch.context() as monkeypatch:
+        units = sorted({1, plan._chunk_keys})  # (per key, and per item where it has them)
         for window in (None, 1, 8):
             for as_list in (True, False):
-                compiled = _rounds(plan, answers, window, as_list, True, monkeypatch)
-                pure = _rounds(plan, answers, window, as_list, False, monkeypatch)
-                assert compiled == pure
+                for unit in units:
+                    compiled = _rounds(plan, answers, window, as_list, True, monkeypatch, unit)
+                    pure = _rounds(plan, answers, window, as_list, False, monkeypatch, unit)
+                    assert compiled == pure
 
 
 @needs_build
@@ -121,6 +124,14 @@ def test_the_compiled_record_hands_back_what_it_does_not_take() -> None:
     frozen = np.zeros(2, dtype=bool)
     frozen.flags.writeable = False
     assert C_PROBING.record(codes, keys, [1.0, 1.0], (frozen,), *args[1:]) is False
+    # One answer per unit of keys: a position's 2 keys as one answer; not whole units: refused.
+    assert C_PROBING.record(codes, keys, [0.0], *args, 2) is True
+    assert present[0].tolist() == [False, False] and not maybe[0][3]
+    assert C_PROBING.record(codes, keys, np.array([True]), *args, 2) is True
+    assert present[0].tolist() == [False, True] and maybe[0][3]
+    assert C_PROBING.record(codes, keys, [1.0, 1.0], *args, 2) is False
+    assert C_PROBING.record(codes, keys, [1.0], *args, 3) is False
+    assert C_PROBING.record(codes, keys, [1.0], *args, 0) is False
 
 
 @needs_build

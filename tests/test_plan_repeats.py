@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import aio_mclookup as mcl
 from aio_mclookup._coordinator import shell
-from aio_mclookup._plan import era_c
+from aio_mclookup._plan import era_c, probe
 from aio_mclookup._plan.era_c import EraCPlan
 from aio_mclookup._rows import rows_repeat
 from helpers import chain
@@ -74,6 +74,29 @@ def test_the_native_test_agrees_with_rows_repeat(
     if n > 2 and data.draw(st.booleans()):
         rows[rng.integers(n)] = rows[rng.integers(n)]
     assert _native_verdict(rows) is rows_repeat(rows)
+    assert C.repeats(rows) is rows_repeat(rows)  # (the same test, run inline)
+
+
+@needs_build
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(0, 3000), repeat=st.booleans(), inline=st.booleans())
+def test_duplicate_ids_are_the_same_inline_in_c_and_by_the_sort(
+    data: st.DataObject, n: int, repeat: bool, inline: bool
+) -> None:
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rows = rng.integers(0, 256, size=(n, 32), dtype=np.uint8)
+    if repeat and n > 1:
+        rows[rng.integers(n)] = rows[rng.integers(n)]
+    items = [bytes(r) for r in rows]
+    first: dict[bytes, int] = {}
+    expected = [first.setdefault(h, i) for i, h in enumerate(items)]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(probe, "_REPEATS", C if inline else None)
+        got = probe.duplicate_ids(rows, [])
+    if len(set(items)) == n:
+        assert got is None
+    else:
+        assert got is not None and got.tolist() == expected
 
 
 @needs_build
@@ -86,6 +109,10 @@ def test_rows_crafted_to_collide_get_no_verdict_at_bounded_cost() -> None:
     rows = np.stack([w0, w1], axis=1).view(np.uint8).reshape(32768, 16)
     assert not rows_repeat(rows)
     assert _native_verdict(rows) is None  # (gave up after a bounded probe sequence)
+    assert C.repeats(rows) is None
+    assert probe.duplicate_ids(rows[:2047], []) is None  # (inline gave up: the sort answers)
+    rows[2000] = rows[7]
+    assert probe.duplicate_ids(rows[:2047], []) is not None
 
 
 @needs_build
@@ -94,6 +121,8 @@ def test_the_native_test_refuses_other_shapes() -> None:
                 np.zeros((4, 4), dtype=np.uint8)[::-1]):
         with pytest.raises(ValueError, match="2-D array of uint8"):
             C.test_job(bad)
+        with pytest.raises(ValueError, match="2-D array of uint8"):
+            C.repeats(bad)
 
 
 # ------------------------------------------------------------------------------ as a job

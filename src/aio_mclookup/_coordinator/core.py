@@ -316,8 +316,7 @@ class CoordinatorCore:
             if isinstance(present, list):
                 until = min(filter(None, present), default=math.inf)
             else:
-                known = present[present > 0]
-                until = float(known.min()) if known.size else math.inf
+                until = float(present.min(initial=math.inf, where=present > 0))
             if until < lookup.valid_until:
                 lookup.valid_until = until
         lookup.state.record(lookup.round_keys, lookup.round_present, lookup.unit)  # (per item)

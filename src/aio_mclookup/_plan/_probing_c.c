@@ -3,11 +3,12 @@
  * "Compiled extensions". The Python method is the reference; tests/test_plan_probing.py runs
  * both on the same rounds.
  *
- *   record(groups, indices, present, answered, present_at, units, known, maybe) -> bool
+ *   record(groups, indices, present, answered, present_at, units, known, maybe[, unit])
+ *       -> bool
  *       groups: per store group (key offset, namespaces k, probed positions) as int64 bytes;
  *       indices: the round's key indices (int64, ascending, whole positions: k keys each);
- *       present: one answer per key (float64 or bool array, or a list of floats / ints),
- *           truthy = present;
+ *       present: one answer per key, or per `unit` consecutive keys (default 1; float64 or
+ *           bool array, or a list of floats / ints), truthy = present;
  *       answered, present_at: per group, one bool per probed position;
  *       units: per group, the hash unit of each probed position (int64);
  *       known, maybe: per group, one bool per hash unit.
@@ -71,11 +72,25 @@ hold(Held *h, PyObject *obj, int writable, const char *formats, Py_ssize_t items
     return view;
 }
 
-/* The answers as one byte each (1 present), or NULL (not of a type read here). */
+/* `out[0:n]`, one answer per `unit` keys, spread in place to one per key (from the end). */
 static uint8_t *
-truthy(PyObject *present, Py_ssize_t n, Held *h)
+spread(uint8_t *out, Py_ssize_t n, Py_ssize_t unit)
 {
-    uint8_t *out = malloc((size_t)(n ? n : 1));
+    if (unit > 1)
+        for (Py_ssize_t i = n - 1; i >= 0; i--)
+            memset(out + i * unit, out[i], (size_t)unit);
+    return out;
+}
+
+/* The answers as one byte per key (1 present), each of the n / unit answers read for
+ * `unit` consecutive keys; or NULL (not of a type or length read here). */
+static uint8_t *
+truthy(PyObject *present, Py_ssize_t keys, Py_ssize_t unit, Held *h)
+{
+    if (unit < 1 || keys % unit)
+        return NULL;
+    Py_ssize_t n = keys / unit;
+    uint8_t *out = malloc((size_t)(keys ? keys : 1));
     if (!out)
         return NULL;
     if (PyList_CheckExact(present)) {
@@ -90,7 +105,7 @@ truthy(PyObject *present, Py_ssize_t n, Held *h)
             else
                 goto refuse;
         }
-        return out;
+        return spread(out, n, unit);
     }
     Py_buffer *view = hold(h, present, 0, "d", 8);
     if (view) {
@@ -99,7 +114,7 @@ truthy(PyObject *present, Py_ssize_t n, Held *h)
         const double *values = view->buf;
         for (Py_ssize_t i = 0; i < n; i++)
             out[i] = values[i] != 0.0;
-        return out;
+        return spread(out, n, unit);
     }
     view = hold(h, present, 0, "?", 1);
     if (view) {
@@ -108,7 +123,7 @@ truthy(PyObject *present, Py_ssize_t n, Held *h)
         const uint8_t *values = view->buf;
         for (Py_ssize_t i = 0; i < n; i++)
             out[i] = values[i] != 0;
-        return out;
+        return spread(out, n, unit);
     }
 refuse:
     free(out);
@@ -136,8 +151,10 @@ record(PyObject *self, PyObject *args)
     PyObject *indices_obj, *present_obj, *answered_obj, *present_at_obj, *units_obj,
         *known_obj, *maybe_obj;
     Py_buffer codes;
-    if (!PyArg_ParseTuple(args, "y*OOOOOOO:record", &codes, &indices_obj, &present_obj,
-                          &answered_obj, &present_at_obj, &units_obj, &known_obj, &maybe_obj))
+    Py_ssize_t unit = 1;
+    if (!PyArg_ParseTuple(args, "y*OOOOOOO|n:record", &codes, &indices_obj, &present_obj,
+                          &answered_obj, &present_at_obj, &units_obj, &known_obj, &maybe_obj,
+                          &unit))
         return NULL;
     Held h = {.held = 0};
     uint8_t *got = NULL;
@@ -153,7 +170,7 @@ record(PyObject *self, PyObject *args)
     for (int t = 0; t < 5; t++)
         if (!PyTuple_CheckExact(tuples[t]) || PyTuple_GET_SIZE(tuples[t]) != g)
             goto done;
-    got = truthy(present_obj, n, &h);
+    got = truthy(present_obj, n, unit, &h);
     if (!got)
         goto done;
     const int64_t *spec = groups->buf, *keys = indices->buf;

@@ -6,6 +6,8 @@
  *   test_job(rows) -> job            the test as a native job over a 2-D uint8 array (its
  *                                    buffer held until the job is freed)
  *   verdict(job) -> bool | None      a job's answer, once it ran
+ *   repeats(rows) -> bool | None     the test run here and now (a small plan's, where
+ *                                    numpy's fixed costs per call outweigh the sort)
  *
  * An answer is True iff two rows are equal, or None when the test could not tell (no memory,
  * rows crafted to collide). The test: each row into an open-addressing table keyed by a
@@ -189,9 +191,23 @@ verdict(PyObject *Py_UNUSED(self), PyObject *capsule)
     return PyBool_FromLong(t->repeats);
 }
 
+static PyObject *
+repeats(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    Py_buffer v;
+    if (get_rows(arg, &v) < 0)
+        return NULL;
+    int found = rows_repeat(v.buf, v.shape[0], v.shape[1], v.strides[0]);
+    PyBuffer_Release(&v);
+    if (found < 0)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(found);
+}
+
 static PyMethodDef methods[] = {
     {"test_job", test_job, METH_O, "test_job(rows): the test as a native job."},
     {"verdict", verdict, METH_O, "verdict(job): a test job's answer, once it ran."},
+    {"repeats", repeats, METH_O, "repeats(rows): the test run here and now."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -186,7 +186,9 @@ def concatenate(geometry: Geometry, probe: GroupProbe, local: range | IntArray) 
     ]
 
 
-def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArray) -> list[bytes]:
+def assemble_items(
+    geometry: Geometry, probe: GroupProbe, chunks: range | list[int] | IntArray
+) -> list[bytes]:
     """One *item* per chunk (probe indices, ascending): the chunk's keys in every rank
     namespace, each followed by :data:`ITEM_END`, as one ``bytes``. The coordinator tracks
     such a chunk as one entry instead of one per namespace. Needs ``prefix_rows`` and
@@ -213,7 +215,7 @@ def assemble_items(geometry: Geometry, probe: GroupProbe, chunks: range | IntArr
         else:
             hexed = hex_rows(raw[chunks.start : chunks.stop])
     else:
-        hexed = probe.hex_at(chunks)
+        hexed = probe.hex_at(np.asarray(chunks, dtype=np.int64))
     n, hlen = hexed.shape
     width = plen + hlen + 1
     buf = np.empty((n, k, width), dtype=np.uint8)
@@ -272,9 +274,9 @@ def split_items(entries: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
     return keys, starts
 
 
-def ints(indices: KeyIndices) -> range | list[int]:
-    """Key indices as Python ints (a range stays a range)."""
-    return indices if isinstance(indices, range) else indices.tolist()
+def ints(indices: KeyIndices | list[int]) -> range | list[int]:
+    """Key indices as Python ints (a range or a list stays as it is)."""
+    return indices if isinstance(indices, (range, list)) else indices.tolist()
 
 
 def _glue(

@@ -7,6 +7,7 @@ precomputed key prefixes (``keys``).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
@@ -204,19 +205,21 @@ class LookupPlan:
         cover whole, group by group, in a plan whose :attr:`_chunk_keys` is above 1."""
         k = len(self.geometry.prefix_bytes[self._groups[0].group_id])
         out: list[bytes] = []
+        flat = None if isinstance(indices, range) else indices.tolist()  # (a round's few
+        # dozen indices: Python ints beat numpy's cost per call)
         for probe in self._groups:
             offset = probe.key_offset
             end = offset + probe.chunks.size * k
-            if isinstance(indices, range):
+            if flat is None:
+                assert isinstance(indices, range)
                 lo, hi = max(indices.start, offset), min(indices.stop, end)
                 if hi > lo:
-                    chunks: range | IntArray = range((lo - offset) // k, (hi - offset) // k)
+                    chunks: range | list[int] = range((lo - offset) // k, (hi - offset) // k)
                     out.extend(assemble_items(self.geometry, probe, chunks))
                 continue
-            lo = int(indices.searchsorted(offset))
-            hi = int(indices.searchsorted(end))
+            lo, hi = bisect_left(flat, offset), bisect_left(flat, end)
             if hi > lo:
-                chunks = (indices[lo:hi:k] - offset) // k
+                chunks = [(i - offset) // k for i in flat[lo:hi:k]]
                 out.extend(assemble_items(self.geometry, probe, chunks))
         return out
 

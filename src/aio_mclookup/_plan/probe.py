@@ -4,10 +4,13 @@ repeated-hash helpers it is built on."""
 from __future__ import annotations
 
 import binascii
+import contextlib
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .. import _native
 from .._arrays import IntArray
 from .._rows import rows_repeat
 
@@ -177,10 +180,25 @@ def hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     return hexed
 
 
+_REPEATS: Any = _native.load("aio_mclookup._plan._repeats_c")
+"""The repeated-hash test in C (``_repeats_c.c``: the one the worker thread runs for large
+plans), run inline below :data:`_INLINE_ROWS` rows; or ``None``."""
+_INLINE_ROWS = 2048
+"""Rows below which ``_repeats_c``'s hash pass beats :func:`rows_repeat`'s numpy sort (its
+fixed costs per call; docs/design.md, "Compiled extensions")."""
+
+
 def duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> IntArray | None:
     """Ids that are equal exactly where hashes are equal, or None when all differ."""
     if rows is not None:
-        if not rows_repeat(rows):
+        found = None
+        if _REPEATS is not None and rows.shape[0] < _INLINE_ROWS:
+            with contextlib.suppress(ValueError):  # (rows it does not read: a reversed or
+                # column-strided view)
+                found = _REPEATS.repeats(rows)  # (None: it could not tell)
+        if found is None:
+            found = rows_repeat(rows)
+        if not found:
             return None
         items = [bytes(r) for r in rows]
     if len(set(items)) == len(items):

@@ -293,7 +293,8 @@ class ProbeState:
         ):
             self._prefix = prefix + count // k  # what record() does here, without the scan
             return
-        self.record(key_indices, np.ones(count, dtype=bool))
+        if count:
+            self.record(key_indices, [True], count)  # (one answer for the run's keys)
 
     def _note_scouts(
         self,

@@ -185,6 +185,19 @@ class EraCProbeState(ProbeState):
         per ``unit`` consecutive keys."""
         if self.hit is not None or not len(key_indices):
             return
+        plan = self.plan
+        if _C is not None and self._flat_keys is None:  # (False: not recorded there; the
+            # Python below records them, or raises)
+            indices = (
+                np.arange(key_indices.start, key_indices.stop, dtype=np.int64)
+                if isinstance(key_indices, range)
+                else np.asarray(key_indices, dtype=np.int64)
+            )
+            if _C.record(
+                self._codes(), indices, present, self._answered, self._present, plan._units,
+                self._known_units, self._maybe_units, unit,
+            ):
+                return
         if unit > 1:
             present = per_key(present, unit)
         if self._flat_keys is not None:
@@ -197,18 +210,6 @@ class EraCProbeState(ProbeState):
             answered[idx] = True
             known_present[idx] = np.asarray(present, dtype=bool)
             return
-        plan = self.plan
-        if _C is not None:  # (False: not recorded there; the loop below does, or raises)
-            indices = (
-                np.arange(key_indices.start, key_indices.stop, dtype=np.int64)
-                if isinstance(key_indices, range)
-                else np.asarray(key_indices, dtype=np.int64)
-            )
-            if _C.record(
-                self._codes(), indices, present, self._answered, self._present, plan._units,
-                self._known_units, self._maybe_units,
-            ):
-                return
         prefixes = plan.geometry.prefix_bytes
         counts = [len(prefixes[probe.group_id]) for probe in plan.groups]
         for group, pos, got in group_answers(plan.groups, counts, key_indices, present):
