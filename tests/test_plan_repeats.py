@@ -110,9 +110,25 @@ def test_rows_crafted_to_collide_get_no_verdict_at_bounded_cost() -> None:
     assert not rows_repeat(rows)
     assert _native_verdict(rows) is None  # (gave up after a bounded probe sequence)
     assert C.repeats(rows) is None
-    assert probe.duplicate_ids(rows[:2047], []) is None  # (inline gave up: the sort answers)
+    assert probe.duplicate_ids(rows, []) is None  # (inline gave up: the sort answers)
     rows[2000] = rows[7]
-    assert probe.duplicate_ids(rows[:2047], []) is not None
+    assert probe.duplicate_ids(rows, []) is not None
+
+
+@needs_build
+@pytest.mark.parametrize("repeat", [False, True])
+def test_rows_whose_sieve_bits_all_collide_get_the_tables_verdict(repeat: bool) -> None:
+    # width 16: the sieve folds a row to (w0 ^ rotl(w1, 23)) * M, so w1 = rotr(w0 ^ c, 23)
+    # folds every row alike: every row is a suspect, and the table decides
+    w0 = np.arange(1, 4097, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    x = w0 ^ np.uint64(0xDEADBEEF)
+    w1 = (x >> np.uint64(23)) | (x << np.uint64(41))
+    rows = np.stack([w0, w1], axis=1).view(np.uint8).reshape(4096, 16)
+    if repeat:
+        rows[3000] = rows[11]
+    assert C.repeats(rows) is repeat
+    assert _native_verdict(rows) is repeat
+    assert rows_repeat(rows) is repeat
 
 
 @needs_build

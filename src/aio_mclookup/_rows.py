@@ -3,9 +3,9 @@ share (the known prefixes' test), and whether any row repeats (a plan's repeated
 
 :func:`common_rows` has a compiled twin, ``_rows_c`` (a ``memcmp`` per row, no temporary
 arrays), which runs when it was built; the numpy code is the reference and the fallback
-(:mod:`._native`). :func:`rows_repeat` has none for large inputs, where numpy's vectorised sort of
-fingerprints beat a C hash-table pass; small plans run that pass inline instead
-(``_plan.probe.duplicate_ids``; docs/design.md, "Compiled extensions")."""
+(:mod:`._native`). :func:`rows_repeat` is the reference and the fallback of ``_plan/_repeats_c``'s
+test, which ``_plan.probe.duplicate_ids`` runs where it was built (docs/design.md,
+"Compiled extensions")."""
 
 from __future__ import annotations
 

@@ -182,17 +182,14 @@ def hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
 
 _REPEATS: Any = _native.load("aio_mclookup._plan._repeats_c")
 """The repeated-hash test in C (``_repeats_c.c``: the one the worker thread runs for large
-plans), run inline below :data:`_INLINE_ROWS` rows; or ``None``."""
-_INLINE_ROWS = 2048
-"""Rows below which ``_repeats_c``'s hash pass beats :func:`rows_repeat`'s numpy sort (its
-fixed costs per call; docs/design.md, "Compiled extensions")."""
+plans, here run inline; docs/design.md, "Compiled extensions"), or ``None``."""
 
 
 def duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> IntArray | None:
     """Ids that are equal exactly where hashes are equal, or None when all differ."""
     if rows is not None:
         found = None
-        if _REPEATS is not None and rows.shape[0] < _INLINE_ROWS:
+        if _REPEATS is not None:
             with contextlib.suppress(ValueError):  # (rows it does not read: a reversed or
                 # column-strided view)
                 found = _REPEATS.repeats(rows)  # (None: it could not tell)
