@@ -132,6 +132,8 @@ def test_the_compiled_record_hands_back_what_it_does_not_take() -> None:
     assert C_PROBING.record(codes, keys, [1.0, 1.0], *args, 2) is False
     assert C_PROBING.record(codes, keys, [1.0], *args, 3) is False
     assert C_PROBING.record(codes, keys, [1.0], *args, 0) is False
+    for odd in (-2, 2**62, 2**64, 2.0, "2", None):  # (not a unit it takes: not recorded)
+        assert C_PROBING.record(codes, keys, [1.0], *args, odd) is False
 
 
 @needs_build

@@ -151,11 +151,17 @@ record(PyObject *self, PyObject *args)
     PyObject *indices_obj, *present_obj, *answered_obj, *present_at_obj, *units_obj,
         *known_obj, *maybe_obj;
     Py_buffer codes;
-    Py_ssize_t unit = 1;
-    if (!PyArg_ParseTuple(args, "y*OOOOOOO|n:record", &codes, &indices_obj, &present_obj,
+    PyObject *unit_obj = NULL;
+    if (!PyArg_ParseTuple(args, "y*OOOOOOO|O:record", &codes, &indices_obj, &present_obj,
                           &answered_obj, &present_at_obj, &units_obj, &known_obj, &maybe_obj,
-                          &unit))
+                          &unit_obj))
         return NULL;
+    Py_ssize_t unit = 1; /* (an int out of range, or not an int: not recorded here) */
+    if (unit_obj && (!PyLong_CheckExact(unit_obj)
+                     || (unit = PyLong_AsSsize_t(unit_obj)) == -1)) {
+        PyErr_Clear();
+        unit = 0;
+    }
     Held h = {.held = 0};
     uint8_t *got = NULL;
     int recorded = 0;
@@ -357,8 +363,9 @@ static PyMethodDef methods[] = {
      "unit_masks(known, maybe, units): per group every hash unit known but the probed ones, "
      "which are maybe present; False when the Python code must set them."},
     {"record", record, METH_VARARGS,
-     "record(groups, indices, present, answered, present_at, units, known, maybe): a 0.32 / "
-     "0.33 round's answers recorded; False when the Python method must record them."},
+     "record(groups, indices, present, answered, present_at, units, known, maybe[, unit]): a "
+     "0.32 / 0.33 round's answers (one per key, or per unit keys) recorded; False when the "
+     "Python method must record them."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,8 +19,10 @@
  * From SIEVE_FROM rows a sieve goes first: each row's words folded (xor, each rotated by its
  * place) and multiplied into one bit of a bitmap of about 32 bits per row; only the rows
  * whose bit another row set too (about 1 in 16 when hashes are uniform) go through the table,
- * copied out. Rows whose folds collide, crafted or structured so, all go through it: the
- * answer is the same, at about one and a half times the cost of the table alone.
+ * copied out. When more than a quarter of the rows meet a bit set already (rows that repeat,
+ * or fold alike: crafted or structured so) the table reads them all where they are instead:
+ * the answer is the same, at about one and a half times the cost of the table alone. Above
+ * SIEVE_UP_TO rows the table runs alone.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +34,7 @@
 
 /* ------------------------------------------------------------------------------- test */
 
-enum { MAX_PROBES = 64, BATCH = 32, SIEVE_FROM = 1024 };
+enum { MAX_PROBES = 64, BATCH = 32, SIEVE_FROM = 1024, SIEVE_UP_TO = 1 << 24 };
 
 static uint64_t
 mix(const unsigned char *row, Py_ssize_t width)
@@ -160,7 +162,8 @@ sieve(const unsigned char *buf, Py_ssize_t n, Py_ssize_t width, Py_ssize_t strid
 static int
 rows_repeat(const unsigned char *buf, Py_ssize_t n, Py_ssize_t width, Py_ssize_t stride)
 {
-    if (n < SIEVE_FROM || width == 0)
+    if (n < SIEVE_FROM || n > SIEVE_UP_TO || width == 0) /* (above: bitmaps of hundreds of
+                                                            megabytes; the table alone) */
         return table_repeat(buf, n, width, stride);
     int shift = 16;
     while (((size_t)1 << shift) < (size_t)n * 32)
@@ -178,7 +181,10 @@ rows_repeat(const unsigned char *buf, Py_ssize_t n, Py_ssize_t width, Py_ssize_t
                            ? sieve(buf, n, 32, stride, shift, seen, twice, bit_of)
                            : sieve(buf, n, width, stride, shift, seen, twice, bit_of);
     int found = 0;
-    if (again) {
+    if (again > n / 4) { /* the sieve does not sift (rows that repeat, or fold alike): the
+                            table reads the rows where they are, and stops at a repeat */
+        found = table_repeat(buf, n, width, stride);
+    } else if (again) {
         /* the rows on a bit set twice: at most 2 * again (each such bit's first row, and the
          * others, each counted in again) */
         Py_ssize_t room = 2 * again < n ? 2 * again : n, m = 0;
