@@ -64,14 +64,17 @@ def build_key_array(
     return array
 
 
-def assemble(geometry: Geometry, probe: GroupProbe, local: IntArray | None) -> list[bytes]:
-    """``prefix@hex`` for a group's keys (all, or the group-local key indices given),
-    hex-encoding only the hashes they need."""
+def assemble(
+    geometry: Geometry, probe: GroupProbe, local: IntArray | list[int] | None
+) -> list[bytes]:
+    """``prefix@hex`` for a group's keys (all, or the group-local key indices given,
+    ascending), hex-encoding only the hashes they need."""
     k = len(geometry.prefix_bytes[probe.group_id])
     if local is None:
         return assemble_range(geometry, probe, 0, probe.chunks.size * k)
     if COMPILED and probe.has_rows:
-        return _compiled_keys(geometry, probe, local.tolist())
+        return _compiled_keys(geometry, probe, ints(local))
+    local = np.asarray(local, dtype=np.int64)
     prefix_rows = geometry.prefix_rows[probe.group_id]
     if prefix_rows is None or probe.hash_rows is None or local.size < _few(geometry, probe):
         return concatenate(geometry, probe, local)
