@@ -115,6 +115,10 @@ class MasterWatch:
                 if not self._stop.is_set():
                     self.reachable = False
                     self._lost()
+                    # Not at once: a master killed closes its connections a moment before its
+                    # listening socket, and a connect in between reaches the dying process,
+                    # whose end would count as a second loss of the same master.
+                    self._sleep(self._retry)
         except Exception:  # (a bug here must not go unseen, nor take the process down)
             _log.exception("aio_mclookup: the master watch stopped")
             self.reachable = None
