@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import random
 import select
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -40,9 +41,8 @@ DSV4_LIKE = mcl.KVLayout(
 )
 
 
-def _native_verdict(rows: np.ndarray[Any, np.dtype[np.uint8]]) -> bool | None:
-    """The native test's answer for ``rows``, run as a job on a native worker."""
-    job = C.test_job(rows)
+def _run(job: object) -> None:
+    """Run a native job on a native worker of its own."""
     worker = W.NativeWorker()
     try:
         worker.submit(job, 0)
@@ -50,6 +50,12 @@ def _native_verdict(rows: np.ndarray[Any, np.dtype[np.uint8]]) -> bool | None:
         assert worker.collect() == [0]
     finally:
         worker.close()
+
+
+def _native_verdict(rows: np.ndarray[Any, np.dtype[np.uint8]]) -> bool | None:
+    """The native test's answer for ``rows``, run as a job on a native worker."""
+    job = C.test_job(rows)
+    _run(job)
     verdict: bool | None = C.verdict(job)
     return verdict
 
@@ -398,3 +404,25 @@ async def test_hashes_whose_mixes_collide_are_tested_inline_after_the_worker_giv
     assert verdicts == [None]
     if BUILT and era_c._REPEATS is not None:
         assert _native_verdict(rows) is None
+
+
+
+@needs_build
+def test_a_jobs_verdict_of_repeats_is_not_tested_again_when_the_plan_prepares() -> None:
+    if era_c._REPEATS is None:
+        pytest.skip("the extensions are not loaded (AIO_MCLOOKUP_NO_EXTENSIONS)")
+    hashes = chain(4096, b"verdict")
+    hashes[4000] = hashes[10]  # a repeat: the job finds it, and the ids are built from that
+    plan = DSV4_LIKE.plan(4096 * 4, _frozen(hashes))
+    assert isinstance(plan, EraCPlan) and plan.needs_preparing
+    job = plan.native_job()
+    assert job is not None
+    _run(job)
+    tested: list[object] = []
+    with pytest.MonkeyPatch.context() as monkeypatch:  # (a test run here would be recorded)
+        monkeypatch.setattr(probe, "_REPEATS", SimpleNamespace(repeats=tested.append))
+        monkeypatch.setattr(probe, "rows_repeat", tested.append)
+        plan.prepare(job)
+    assert not tested
+    ids = plan.hash_ids
+    assert ids is not None and ids[4000] == ids[10] == 10

@@ -6,8 +6,7 @@
  *   test_job(rows) -> job            the test as a native job over a 2-D uint8 array (its
  *                                    buffer held until the job is freed)
  *   verdict(job) -> bool | None      a job's answer, once it ran
- *   repeats(rows) -> bool | None     the test run here and now (a small plan's, where
- *                                    numpy's fixed costs per call outweigh the sort)
+ *   repeats(rows) -> bool | None     the test run here and now (plans tested on the loop)
  *
  * An answer is True iff two rows are equal, or None when the test could not tell (no memory,
  * rows crafted to collide). The test: each row into an open-addressing table keyed by a

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import _native
 from .._arrays import BoolArray, IntArray
 from .._checks import integer
 from .._layout.geometry import Geometry
@@ -21,7 +20,7 @@ from .._resolve.era_c import era_c_result, lone_full_attention_hit
 from .._resolve.result import LookupResult, TailKeyBoundary
 from .hashes import RequestHashes
 from .plan import LookupPlan, build_plan
-from .probe import GroupProbe, duplicate_ids
+from .probe import _REPEATS, GroupProbe, duplicate_ids  # (_REPEATS: its jobs, see native_job)
 
 __all__ = ["EraCPlan", "build_era_c_plan"]
 
@@ -93,21 +92,23 @@ class EraCPlan(LookupPlan):
         return job
 
     def prepare(self, job: object | None = None) -> None:
-        """Find :attr:`hash_ids`: none when the test ``job`` found no repeats, else by the
-        test here."""
-        if job is not None and _REPEATS.verdict(job) is False and self._hash_source is not None:
-            self._hash_ids = None
-            self._hash_source = None
-        self.hash_ids  # noqa: B018 (computed and kept by the property)
+        """Find :attr:`hash_ids`, from the verdict of the test ``job`` where it gave one (the
+        test is not run again here)."""
+        self._find_hash_ids(None if job is None else _REPEATS.verdict(job))
 
     @property
     def hash_ids(self) -> IntArray | None:
         """Ids of the request's hashes, equal exactly where hashes repeat (None: none do)."""
+        self._find_hash_ids(None)
+        return self._hash_ids
+
+    def _find_hash_ids(self, repeats: bool | None) -> None:
+        """Compute :attr:`hash_ids` once, given whether the hashes repeat where a test said
+        so (None: test them here)."""
         source = self._hash_source  # (read once: another thread may clear it meanwhile)
         if source is not None:
-            self._hash_ids = _hash_ids(source)
+            self._hash_ids = None if repeats is False else _hash_ids(source, repeats)
             self._hash_source = None
-        return self._hash_ids
 
     # ------------------------------------------------------------------------- structure
     @property
@@ -288,9 +289,6 @@ def build_era_c_plan(geometry: Geometry, num_tokens: object, block_hashes: objec
     )
 
 
-_REPEATS: Any = _native.load("aio_mclookup._plan._repeats_c")
-"""The repeated-hash test as a native job (``_repeats_c.c``), or ``None``: it runs inline."""
-
 _QUICK_HASHES = 32_768
 """Up to this many hashes (a 131,072-token DeepSeek-V4-like prompt: about 215 us, docs/design.md,
 "Preparing plans off the loop") the test runs inline when nothing else is under way."""
@@ -302,12 +300,12 @@ costs far more than handing it to a worker thread (docs/design.md, "Preparing pl
 loop")."""
 
 
-def _hash_ids(hashes: RequestHashes) -> IntArray | None:
+def _hash_ids(hashes: RequestHashes, repeats: bool | None = None) -> IntArray | None:
     """Ids of every request hash, equal exactly where hashes repeat; None when none do (the
     usual case: hashes are chained). vLLM keys presence by hash, so a repeat anywhere can
-    count."""
+    count. ``repeats``: the array's test verdict, when a job gave one."""
     if hashes.array is not None:
-        return duplicate_ids(hashes.array, [])
+        return duplicate_ids(hashes.array, [], repeats)
     items = hashes.items
     assert items is not None
     # Known bytes (a snapshot's, checked when taken): the one C pass of has_duplicates().

@@ -181,24 +181,27 @@ def hex_rows(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
 
 
 _REPEATS: Any = _native.load("aio_mclookup._plan._repeats_c")
-"""The repeated-hash test in C (``_repeats_c.c``: the one the worker thread runs for large
-plans, here run inline; docs/design.md, "Compiled extensions"), or ``None``."""
+"""The repeated-hash test in C (``_repeats_c.c``), or ``None``: run inline here, and as a
+native job on the worker thread for large plans (``era_c``; docs/design.md, "Compiled
+extensions")."""
 
 
-def duplicate_ids(rows: npt.NDArray[np.uint8] | None, items: list[bytes]) -> IntArray | None:
-    """Ids that are equal exactly where hashes are equal, or None when all differ."""
+def duplicate_ids(
+    rows: npt.NDArray[np.uint8] | None, items: list[bytes], repeats: bool | None = None
+) -> IntArray | None:
+    """Ids that are equal exactly where hashes are equal, or None when all differ.
+    ``repeats``: whether the rows repeat, when a test (a worker's job) already said so."""
     if rows is not None:
-        found = None
-        if _REPEATS is not None:
+        if repeats is None and _REPEATS is not None:
             with contextlib.suppress(ValueError):  # (rows it does not read: a reversed or
                 # column-strided view)
-                found = _REPEATS.repeats(rows)  # (None: it could not tell)
-        if found is None:
-            found = rows_repeat(rows)
-        if not found:
+                repeats = _REPEATS.repeats(rows)  # (None: it could not tell)
+        if repeats is None:
+            repeats = rows_repeat(rows)
+        if not repeats:
             return None
         items = [bytes(r) for r in rows]
-    if len(set(items)) == len(items):
+    elif len(set(items)) == len(items):
         return None
     first: dict[bytes, int] = {}
     return np.array([first.setdefault(h, i) for i, h in enumerate(items)], dtype=np.int64)
